@@ -19,6 +19,9 @@ encode as the sentence-boundary rows ``[258, 256, 259, 260, ...]`` / ``[258, 257
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from vocab.errors import ElmoError
@@ -31,20 +34,23 @@ N_BYTES = 256
 CHAR_DTYPE = np.uint16  # raw ids fit in 16 bits in both modes
 
 
-class ByteChars:
-    """UTF-8 byte characters, identical to bilm-tf and allennlp.
+class _CharEncoder:
+    """What both modes share: the five specials after ``n_base`` ordinary ids, the row layout, a token cache.
 
-    ``ByteChars().encode("The")[:6] -> [258, 84, 104, 101, 259, 260]``
+    Subclasses set ``mode``, ``n_base`` and ``base_ids``.
     """
 
-    mode = "bytes"
+    mode = ""
 
-    def __init__(self, max_chars: int = MAX_CHARS):
+    def __init__(self, max_chars: int, n_base: int):
         if max_chars < 3:
             raise ElmoError(f"max_characters_per_token must be at least 3, got {max_chars}")
         self.max_chars = max_chars
-        self.n_base = N_BYTES
+        self.n_base = n_base
         self._cache: dict[str, np.ndarray] = {}
+        self._init_rows()
+
+    def _init_rows(self) -> None:
         self._bos_row = self._special_row(self.bos_char)
         self._eos_row = self._special_row(self.eos_char)
 
@@ -77,14 +83,26 @@ class ByteChars:
     def _special_row(self, char: int) -> np.ndarray:
         row = np.full(self.max_chars, self.pad_char, dtype=CHAR_DTYPE)
         row[0], row[1], row[2] = self.bow_char, char, self.eow_char
+        row.flags.writeable = False
         return row
 
     def base_ids(self, token: str) -> list[int]:
-        """The ordinary character ids of a token, before truncation."""
-        return list(token.encode("utf-8", "surrogatepass"))
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n_base={self.n_base}, max_chars={self.max_chars})"
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cache"] = {}  # don't ship the cache to worker processes
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_rows()
 
     def encode(self, token: str) -> np.ndarray:
-        """Raw ids of one token, shape ``(max_chars,)``, dtype uint16."""
+        """Raw ids of one token, shape ``(max_chars,)``, dtype uint16 (read-only: rows are cached and shared)."""
         row = self._cache.get(token)
         if row is not None:
             return row
@@ -98,6 +116,7 @@ class ByteChars:
             row[0] = self.bow_char
             row[1 : 1 + len(kept)] = kept
             row[1 + len(kept)] = self.eow_char
+            row.flags.writeable = False  # cached rows are shared between calls
         if len(self._cache) < 1_000_000:
             self._cache[token] = row
         return row
@@ -108,5 +127,106 @@ class ByteChars:
             return np.zeros((0, self.max_chars), dtype=CHAR_DTYPE)
         return np.stack([self.encode(t) for t in tokens])
 
+
+class ByteChars(_CharEncoder):
+    """UTF-8 byte characters, identical to bilm-tf and allennlp.
+
+    ``ByteChars().encode("The")[:6] -> [258, 84, 104, 101, 259, 260]``
+    """
+
+    mode = "bytes"
+
+    def __init__(self, max_chars: int = MAX_CHARS):
+        super().__init__(max_chars, N_BYTES)
+
+    def base_ids(self, token: str) -> list[int]:
+        """The ordinary character ids of a token, before truncation."""
+        # "ignore" as allennlp: a lone surrogate (never produced by decoding valid UTF-8) contributes no bytes.
+        return list(token.encode("utf-8", "ignore"))
+
     def to_json(self) -> dict:
         return {"mode": self.mode, "max_characters_per_token": self.max_chars}
+
+
+class CodepointChars(_CharEncoder):
+    """Unicode code points as characters, from a table built on the corpus (for scripts where bytes cut a character).
+
+    ``characters`` lists the kept code points; character ``characters[i]`` has id ``i`` and every other code point
+    the one fallback id ``len(characters)`` ("other character"). So ``n_base = len(characters) + 1`` and the five
+    specials follow as in byte mode. At most ``max_chars - 2`` code points of a token are kept.
+
+    ``CodepointChars(["北", "京"]).encode("北京东")[:6] -> [5, 0, 1, 2, 6, 7]`` (fallback 2, specials 3..7)
+    """
+
+    mode = "codepoint"
+
+    def __init__(self, characters: list[str], max_chars: int = MAX_CHARS):
+        for c in characters:
+            if len(c) != 1:
+                raise ElmoError(f"character table entries must be single code points, got {c!r}")
+        if len(set(characters)) != len(characters):
+            raise ElmoError("character table holds a code point twice")
+        if len(characters) + 1 + 5 > np.iinfo(CHAR_DTYPE).max + 1:
+            raise ElmoError(f"character table too large ({len(characters)}); at most 65,530 code points fit in 16 bits")
+        self.characters = list(characters)
+        self._index = {c: i for i, c in enumerate(self.characters)}
+        self.fallback_char = len(self.characters)
+        super().__init__(max_chars, len(self.characters) + 1)
+
+    @classmethod
+    def build(cls, counts: dict[str, int], max_chars_vocab: int = 2000, max_chars: int = MAX_CHARS) -> "CodepointChars":
+        """Keep the ``max_chars_vocab`` most frequent code points; ties by code point ascending.
+
+        ``build({"a": 5, "b": 5, "c": 9}, 2).characters -> ["c", "a"]``
+        """
+        if max_chars_vocab < 1:
+            raise ElmoError(f"--max-chars-vocab must be at least 1, got {max_chars_vocab}")
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], ord(kv[0])))
+        return cls([c for c, _ in ranked[:max_chars_vocab]], max_chars)
+
+    def base_ids(self, token: str) -> list[int]:
+        index, fallback = self._index, self.fallback_char
+        return [index.get(c, fallback) for c in token]
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "max_characters_per_token": self.max_chars, "characters": "".join(self.characters)}
+
+
+def load_chars(obj: dict) -> ByteChars | CodepointChars:
+    """The character encoder described by a ``to_json()`` dict (as stored in ``chars.json``)."""
+    if not isinstance(obj, dict):
+        raise ElmoError(f"character settings must be a JSON object, got {type(obj).__name__}")
+    mode = obj.get("mode", "bytes")
+    max_chars = obj.get("max_characters_per_token", MAX_CHARS)
+    if not isinstance(max_chars, int):
+        raise ElmoError(f"max_characters_per_token must be an integer, got {max_chars!r}")
+    if mode == "bytes":
+        return ByteChars(max_chars)
+    if mode == "codepoint":
+        chars = obj.get("characters")
+        if not isinstance(chars, str):
+            raise ElmoError("codepoint character settings lack the 'characters' string")
+        return CodepointChars(list(chars), max_chars)
+    raise ElmoError(f"unknown character mode {mode!r}; expected 'bytes' or 'codepoint'")
+
+
+def save_chars(chars: ByteChars | CodepointChars, path: str | Path) -> None:
+    """Write ``chars.json`` atomically."""
+    from vocab.text import atomic_write_bytes
+
+    atomic_write_bytes(path, (json.dumps(chars.to_json(), ensure_ascii=False, indent=1) + "\n").encode("utf-8"))
+
+
+def read_chars(path: str | Path) -> ByteChars | CodepointChars:
+    """Read a ``chars.json`` file."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ElmoError(f"{path}: character settings file not found") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ElmoError(f"{path}: not a valid chars.json ({e})") from None
+    try:
+        return load_chars(obj)
+    except ElmoError as e:
+        raise ElmoError(f"{path}: {e}") from None

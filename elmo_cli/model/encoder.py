@@ -1,0 +1,107 @@
+"""Token encoder (spec §5.1–5.2): characters -> CNN -> max-pool -> activation -> highway -> projection."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elmo_cli.config import CharCNNConfig
+
+
+class Highway(nn.Module):
+    """``c = sigmoid(x W_c + b_c)``, ``t = relu(x W_t + b_t)``, ``x = c * t + (1 - c) * x`` (always relu)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.carry = nn.Linear(dim, dim)
+        self.transform = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        carry = torch.sigmoid(self.carry(x))
+        return carry * F.relu(self.transform(x)) + (1.0 - carry) * x
+
+
+class TokenEncoder(nn.Module):
+    """Character-level token encoder.
+
+    All filter banks run as ONE matrix product over unfolded character windows: every bank is zero-padded to the
+    widest filter (kmax taps), so the windows ``(N, W, E * kmax)`` multiply a ``(E * kmax, F)`` kernel assembled
+    from the per-bank parameters on each call (so the padded taps carry no parameters and get no gradient).
+    Positions where a narrower bank's window would run past the token are masked before the max. This is the same
+    cross-correlation as bilm-tf's ``conv2d`` and allennlp's ``Conv1d`` (no kernel flip), at matmul speed.
+
+    Parameters: ``char_embedding (n_characters, E)`` with row 0 fixed at zero, ``kernels[i] (width_i, E, count_i)``
+    (bilm-tf's ``W_cnn_i`` without its leading 1), ``biases[i] (count_i,)``, ``highways``, ``projection (F -> P)``.
+    """
+
+    def __init__(self, config: CharCNNConfig, projection_dim: int):
+        super().__init__()
+        self.config = config
+        E, W = config.embedding_dim, config.max_characters_per_token
+        self.char_embedding = nn.Embedding(config.n_characters, E, padding_idx=0)
+        self.kernels = nn.ParameterList(
+            [nn.Parameter(torch.empty(w, E, n).uniform_(-0.05, 0.05)) for w, n in config.filters]
+        )
+        self.biases = nn.ParameterList([nn.Parameter(torch.zeros(n)) for _, n in config.filters])
+        F_ = config.n_filters
+        self.highways = nn.ModuleList([Highway(F_) for _ in range(config.n_highway)])
+        self.projection = nn.Linear(F_, projection_dim)
+        for hw in self.highways:  # bilm-tf starts highways carrying the input through (negative carry bias)
+            nn.init.constant_(hw.carry.bias, -2.0)
+        self.kmax = config.max_width
+        # invalid[p, f] is True where filter bank of column f, placed at position p, would extend past position W-1.
+        widths = torch.cat([torch.full((n,), w) for w, n in config.filters])
+        positions = torch.arange(W).unsqueeze(1)
+        self.register_buffer("invalid", positions > (W - widths).unsqueeze(0), persistent=False)  # (W, F)
+
+    @property
+    def output_dim(self) -> int:
+        return self.projection.out_features
+
+    def kernel_matrix(self) -> torch.Tensor:
+        """The combined kernel, shape ``(E * kmax, F)``; row ``e * kmax + k`` is tap k of embedding channel e."""
+        E = self.config.embedding_dim
+        cols = []
+        for kern in self.kernels:  # (w, E, n)
+            padded = F.pad(kern, (0, 0, 0, 0, 0, self.kmax - kern.shape[0]))  # (kmax, E, n)
+            cols.append(padded.permute(1, 0, 2).reshape(E * self.kmax, kern.shape[2]))
+        return torch.cat(cols, dim=1)
+
+    def forward(self, chars: torch.Tensor) -> torch.Tensor:
+        """
+        # Parameters
+        chars : `torch.LongTensor`, shape `(N, W)`, prediction-form character ids (0 = padding).
+
+        # Returns
+        `torch.Tensor`, shape `(N, P)`: one embedding per token.
+        """
+        N, W = chars.shape
+        x = self.char_embedding(chars)  # (N, W, E)
+        x = F.pad(x, (0, 0, 0, self.kmax - 1))  # (N, W + kmax - 1, E)
+        windows = x.unfold(1, self.kmax, 1).reshape(N, W, -1)  # (N, W, E * kmax)
+        conv = windows @ self.kernel_matrix()  # (N, W, F)
+        conv = conv.masked_fill(self.invalid[:W], float("-inf"))
+        pooled = conv.amax(dim=1) + torch.cat(list(self.biases))  # (N, F)
+        h = F.relu(pooled) if self.config.activation == "relu" else torch.tanh(pooled)
+        for hw in self.highways:
+            h = hw(h)
+        return self.projection(h)  # (N, P)
+
+    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+        """Encode every distinct token once and scatter back.
+
+        # Parameters
+        chars : shape `(..., W)`, prediction-form ids. chunk_size bounds memory under no_grad (distinct tokens per
+        encoder call).
+
+        # Returns
+        shape `(..., P)`.
+        """
+        lead, W = chars.shape[:-1], chars.shape[-1]
+        flat = chars.reshape(-1, W)  # (N, W)
+        distinct, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, W), (N,)
+        if chunk_size and distinct.shape[0] > chunk_size and not torch.is_grad_enabled():
+            emb = torch.cat([self(part) for part in distinct.split(chunk_size)])
+        else:
+            emb = self(distinct)  # (U, P)
+        return emb[inverse].reshape(*lead, -1)

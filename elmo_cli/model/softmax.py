@@ -1,0 +1,113 @@
+"""The softmax shared by both directions: sampled for training, full (vocabulary-chunked) for evaluation.
+
+The sampled loss follows TensorFlow's ``sampled_softmax_loss`` as bilm-tf used it (spec §7): one set of distinct
+negatives per call from the log-uniform law ``P(k) = log((k+2)/(k+1)) / log(V+1)``, every logit corrected by
+subtracting the log of its expected count, and negatives equal to a row's own target masked out.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def log_uniform_probs(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``P(k) = log((k+2)/(k+1)) / log(V+1)`` for each id, float64."""
+    k = ids.to(torch.float64)
+    return torch.log1p(1.0 / (k + 1.0)) / math.log(vocab_size + 1.0)
+
+
+def log_uniform_sample(n: int, vocab_size: int, generator: torch.Generator) -> tuple[torch.Tensor, int]:
+    """Draw ``n`` distinct ids from the log-uniform law by rejection, as TF's unique candidate sampler.
+
+    # Returns
+    ids, shape `(n,)` int64, in order of first draw; and the number of draws it took (for the expected counts).
+    When ``n >= vocab_size`` every id is returned once and the draw count is reported as infinite (-1).
+    """
+    if n >= vocab_size:
+        return torch.arange(vocab_size), -1
+    log_range = math.log(vocab_size + 1.0)
+    draws: list[np.ndarray] = []
+    chunk = max(2 * n, 1024)
+    while True:
+        u = torch.rand(chunk, generator=generator, dtype=torch.float64).numpy()
+        # Inverse CDF of the log-uniform law: floor(exp(u * log(V+1))) - 1 in [0, V).
+        draws.append(np.minimum(np.floor(np.exp(u * log_range)).astype(np.int64) - 1, vocab_size - 1))
+        all_draws = np.concatenate(draws)
+        _, first = np.unique(all_draws, return_index=True)
+        if len(first) >= n:
+            first.sort()
+            return torch.from_numpy(all_draws[first[:n]].copy()), int(first[n - 1]) + 1
+
+
+def expected_counts(ids: torch.Tensor, vocab_size: int, num_tries: int) -> torch.Tensor:
+    """Expected number of times each id appears in ``num_tries`` draws: ``1 - (1 - p)^tries`` (1 when exhaustive)."""
+    if num_tries < 0:
+        return torch.ones(ids.shape, dtype=torch.float64)
+    p = log_uniform_probs(ids, vocab_size)
+    return -torch.expm1(num_tries * torch.log1p(-p))
+
+
+class SharedSoftmax(nn.Module):
+    """Output layer ``logits = h @ weight.T + bias`` over the vocabulary, shared by both directions.
+
+    ``weight (V, P)``, ``bias (V,)``; stored in ``softmax.hdf5`` as ``W`` and ``b``. With ``sparse=True`` the
+    sampled loss gathers its rows with sparse gradients, so an optimizer touches only the rows a batch used.
+    """
+
+    def __init__(self, vocab_size: int, dim: int, sparse: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim).normal_(0.0, 1.0 / math.sqrt(dim)))
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.sparse = sparse
+
+    @property
+    def vocab_size(self) -> int:
+        return self.weight.shape[0]
+
+    def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = F.embedding(ids, self.weight, sparse=self.sparse)
+        b = F.embedding(ids, self.bias.unsqueeze(1), sparse=self.sparse).squeeze(1)
+        return w, b
+
+    def sampled_loss(self, h: torch.Tensor, targets: torch.Tensor, sampled: torch.Tensor, num_tries: int
+                     ) -> torch.Tensor:
+        """Mean sampled-softmax negative log-likelihood.
+
+        # Parameters
+        h : shape `(N, P)`; targets : shape `(N,)` int64; sampled : shape `(S,)` distinct negative ids with the
+        `num_tries` draws it took (`log_uniform_sample`).
+
+        # Returns
+        scalar loss.
+        """
+        V = self.vocab_size
+        w_true, b_true = self._rows(targets)  # (N, P), (N,)
+        w_neg, b_neg = self._rows(sampled)  # (S, P), (S,)
+        log_q_true = torch.log(expected_counts(targets.cpu(), V, num_tries)).to(h.device, h.dtype)
+        log_q_neg = torch.log(expected_counts(sampled.cpu(), V, num_tries)).to(h.device, h.dtype)
+        true_logit = (h * w_true).sum(-1) + b_true - log_q_true  # (N,)
+        neg_logits = h @ w_neg.t() + b_neg - log_q_neg  # (N, S)
+        neg_logits = neg_logits.masked_fill(sampled.unsqueeze(0) == targets.unsqueeze(1), float("-inf"))
+        logits = torch.cat([true_logit.unsqueeze(1), neg_logits], dim=1)  # (N, 1 + S)
+        return (torch.logsumexp(logits, dim=1) - true_logit).mean()
+
+    def log_probs(self, h: torch.Tensor, targets: torch.Tensor, chunk_size: int = 65536) -> torch.Tensor:
+        """Full-softmax log-probability of each target, computed in vocabulary chunks (memory O(N * chunk)).
+
+        # Parameters
+        h : shape `(N, P)`; targets : shape `(N,)` int64.
+
+        # Returns
+        shape `(N,)`, float32 log P(target | h), accumulated in float32 with a running logsumexp.
+        """
+        h32 = h.float()
+        lse = torch.full((h.shape[0],), float("-inf"), device=h.device)
+        for start in range(0, self.vocab_size, chunk_size):
+            logits = h32 @ self.weight[start : start + chunk_size].float().t() + self.bias[start : start + chunk_size].float()
+            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+        true_logit = (h32 * self.weight[targets].float()).sum(-1) + self.bias[targets].float()
+        return true_logit - lse

@@ -1,0 +1,159 @@
+"""Reading corpus text line by line, and writing files atomically.
+
+`read_lines` is the one place that turns user files into text: it expands globs, reads ``-`` (standard input)
+and ``.gz`` files, strips a UTF-8 BOM and CRLF line ends, and rejects what would silently corrupt a corpus
+(invalid UTF-8, NUL bytes) with ``file:line`` in the message. It streams: memory never grows with file size.
+
+    read_lines(["a.txt"]) -> ("a.txt", 1, "first line"), ("a.txt", 2, ""), ...
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import sys
+import zlib
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from vocab.errors import ElmoError
+
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+ERRORS = ("strict", "replace")
+_BOM = b"\xef\xbb\xbf"
+
+
+def expand_paths(paths: list[str | Path] | str | Path) -> list[str]:
+    """Expand shell globs (sorted), keep ``-``; raise ElmoError for a missing file or a glob matching nothing.
+
+    ``expand_paths(["data/*.txt", "-"]) -> ["data/a.txt", "data/b.txt", "-"]``
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out: list[str] = []
+    for p in paths:
+        p = str(p)
+        if p == STDIN or os.path.exists(p):
+            if os.path.isdir(p):
+                raise ElmoError(f"{p}: is a directory, expected a text file")
+            out.append(p)
+        elif glob.has_magic(p):
+            matches = sorted(m for m in glob.glob(p) if os.path.isfile(m))
+            if not matches:
+                raise ElmoError(f"{p}: no file matches this pattern")
+            out.extend(matches)
+        else:
+            raise ElmoError(f"{p}: no such file")
+    if not out:
+        raise ElmoError("no corpus files given")
+    return out
+
+
+def _open(path: str) -> BinaryIO:
+    if path == STDIN:
+        return sys.stdin.buffer
+    try:
+        if path.endswith(".gz"):
+            return gzip.open(path, "rb")
+        return open(path, "rb")
+    except OSError as e:
+        raise ElmoError(f"{path}: cannot open ({e.strerror or e})") from None
+
+
+def _decode(raw: bytes, display: str, lineno: int, errors: str) -> str:
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        raise ElmoError(f"{display}:{lineno}: NUL byte at byte offset {nul}; is this a binary file?")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if errors == "replace":
+            return raw.decode("utf-8", "replace")
+        raise ElmoError(
+            f"{display}:{lineno}: invalid UTF-8 at byte offset {e.start}; pass --errors replace to substitute U+FFFD"
+        ) from None
+
+
+def read_lines(paths: list[str | Path] | str | Path, errors: str = "strict") -> Iterator[tuple[str, int, str]]:
+    """Yield ``(display_path, line_number, text)`` for every line of every file, blank lines included.
+
+    # Parameters
+    paths : `list[str | Path] | str | Path`
+        Files, shell globs, ``-`` for standard input; ``.gz`` files are decompressed.
+    errors : `str`, optional, (default = `"strict"`)
+        ``"strict"`` raises ElmoError on invalid UTF-8 (file, line, byte offset); ``"replace"`` substitutes U+FFFD.
+
+    # Returns
+    Tuples of the display path (``<stdin>`` for ``-``), the 1-based line number and the line without its
+    ``\\n`` / ``\\r\\n``, with a UTF-8 BOM removed from the first line. NUL bytes raise ElmoError.
+    """
+    if errors not in ERRORS:
+        raise ElmoError(f"unknown --errors value {errors!r}; expected one of {', '.join(ERRORS)}")
+    for path in expand_paths(paths):
+        display = STDIN_NAME if path == STDIN else path
+        f = _open(path)
+        lineno = 0
+        try:
+            for raw in f:
+                lineno += 1
+                if raw.endswith(b"\n"):
+                    raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+                elif raw.endswith(b"\r"):
+                    raw = raw[:-1]
+                if lineno == 1 and raw.startswith(_BOM):
+                    raw = raw[3:]
+                yield display, lineno, _decode(raw, display, lineno, errors)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ElmoError(f"{display}:{lineno + 1}: cannot read ({e})") from None
+        finally:
+            if path != STDIN:
+                f.close()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    with atomic_writer(path) as f:
+        f.write(data)
+
+
+class atomic_writer:
+    """``with atomic_writer(path) as f: f.write(b"...")``: temp name beside ``path``, fsync, rename, fsync the dir.
+
+    On an exception the temp file is removed and ``path`` is untouched.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+
+    def __enter__(self) -> BinaryIO:
+        try:
+            self.f = open(self.tmp, "wb")
+        except OSError as e:
+            raise ElmoError(f"{self.path}: cannot write ({e.strerror or e})") from None
+        return self.f
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.f.close()
+            self.tmp.unlink(missing_ok=True)
+            return
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
+
+
+def fsync_dir(directory: str | Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
