@@ -1,0 +1,71 @@
+"""`elmo-cli evaluate` through Typer's CliRunner: table, --json, --per-sentence, baseline, one-line errors."""
+import json
+
+from typer.testing import CliRunner
+
+from elmo_cli.cli import app
+from test_evaluate import LINES, TOKENS, make_model_dir
+
+runner = CliRunner()
+
+
+def invoke(args):
+    # While `evaluate` is the only registered command, Typer runs it without its name.
+    name = ["evaluate"] if len(app.registered_commands) > 1 else []
+    return runner.invoke(app, name + [str(a) for a in args])
+
+
+def setup(tmp_path, **kw):
+    model = make_model_dir(tmp_path / "model", **kw)
+    data = tmp_path / "test.txt"
+    data.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    return model, data
+
+
+def test_json_output(tmp_path):
+    model, data = setup(tmp_path, zero_softmax=True)
+    r = invoke(["--model", model, data, "--json", "--batch-size", "2"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    for key in ("tokens", "oov_rate", "forward_perplexity", "backward_perplexity", "average_perplexity",
+                "mean_loss_perplexity", "sentences", "blank_lines"):
+        assert key in out
+    assert abs(out["average_perplexity"] - len(TOKENS)) < 1e-4
+    assert out["blank_lines"] == 2 and out["mode"] == "stateless"
+
+
+def test_table_per_sentence_and_unigram(tmp_path):
+    model, data = setup(tmp_path)
+    per = tmp_path / "per.jsonl"
+    r = invoke(["--model", model, data, "--per-sentence", per, "--unigram-baseline", data, "--exclude-unk"])
+    assert r.exit_code == 0, r.output
+    for label in ("forward perplexity", "backward perplexity", "average perplexity", "OOV rate",
+                  "tokens scored per direction", "unigram baseline perplexity", "blank lines skipped", "stateless"):
+        assert label in r.stdout
+    rows = [json.loads(line) for line in per.read_text("utf-8").splitlines()]
+    assert len(rows) == len(LINES)
+    assert {"index", "tokens", "forward_logprob", "backward_logprob"} <= set(rows[0])
+
+
+def test_stateful_says_so(tmp_path):
+    model, data = setup(tmp_path)
+    r = invoke(["--model", model, data, "--stateful", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["mode"] == "stateful"
+    r = invoke(["--model", model, data, "--stateful"])
+    assert "carried" in r.stdout
+
+
+def test_missing_model_is_one_line_error(tmp_path):
+    _, data = setup(tmp_path)
+    r = invoke(["--model", tmp_path / "nope", data])
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error:") and "model directory not found" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_model_without_softmax(tmp_path):
+    model, data = setup(tmp_path, softmax=False)
+    r = invoke(["--model", model, data])
+    assert r.exit_code == 1
+    assert "train --init-from" in r.stderr and "Traceback" not in r.output
