@@ -1,0 +1,59 @@
+"""`elmo-cli export`: a clean, prediction-ready model directory from a run directory (or bilm-tf files).
+
+The output holds exactly what prediction and other tools need, re-written (not copied) after a full load, so a
+file that does not match its options is caught here rather than by the user of the export:
+
+    options.json     prediction form (n_characters 262 in byte mode), no training keys
+    weights.hdf5     bilm-tf layout (spec §4), read by allennlp's ``Elmo(options_file, weight_file)``
+    softmax.hdf5     ``W (V, P)``, ``b (V,)`` when the model has a softmax
+    vocab.txt, chars.json, spm.model     when the source directory has them
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from elmo_cli.bilm_format import write_options, write_softmax, write_weights
+from elmo_cli.loading import load_model
+from vocab.errors import ElmoError
+from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE
+
+
+def export_model(output: Path, model_dir: Path | None = None, options: Path | None = None,
+                 weights: Path | None = None, force: bool = False) -> list[str]:
+    """Write the prediction directory `output` (built under a temporary name, renamed when complete).
+
+    # Returns
+    the names of the files written.
+    """
+    output = Path(output)
+    if output.exists() and not force:
+        raise ElmoError(f"{output}: already exists; pass --force to replace it")
+    if not output.parent.is_dir():
+        raise ElmoError(f"{output.parent}: output directory does not exist")
+    loaded = load_model(model_dir, options, weights, "cpu")
+    model = loaded.model
+    tmp = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write_options(model.config, tmp / "options.json")
+        write_weights(model, tmp / "weights.hdf5")
+        if model.softmax is not None:
+            write_softmax(model, tmp / "softmax.hdf5")
+        if model_dir is not None:
+            for name in (VOCAB_FILE, CHARS_FILE, SPM_FILE):
+                if (Path(model_dir) / name).is_file():
+                    shutil.copyfile(Path(model_dir) / name, tmp / name)
+        if output.exists():  # --force
+            old = output.with_name(f".{output.name}.old-{os.getpid()}")
+            os.replace(output, old)
+            os.replace(tmp, output)
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        else:
+            os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(p.name for p in output.iterdir())

@@ -1,0 +1,178 @@
+"""The HDF5 embedding layout (spec §6), the token cache, and the partial-file bookkeeping of a dump.
+
+Embedding dump, one file (what allennlp's ``elmo`` command and bilm-tf's ``dump_bilm_embeddings`` wrote)::
+
+    "0", "1", ...          one dataset per input line, key str(0-based line index), float32 (or float16)
+                             layers=all      (L+1, n_tokens, 2P)
+                             layers=top      (n_tokens, 2P)        the top LSTM layer
+                             layers=average  (n_tokens, 2P)        mean over the L+1 layers
+                             mix             (n_tokens, 2P)        gamma * sum_k w_k * layer_k
+                           an empty line keeps its key with n_tokens = 0 (indices never shift)
+    sentence_to_index      shape (1,), variable-length UTF-8 string: JSON {stripped line: "index"}, last index wins
+
+Token cache (bilm-tf's ``dump_token_embeddings``)::
+
+    embedding              (V, P) float32: the token-encoder output of each vocabulary line, in order
+    tokens                 (V,) variable-length UTF-8 strings, the vocabulary itself (elmo-cli's addition so the
+                           file is self-describing; bilm-tf readers ignore it)
+
+While a dump runs it writes ``OUTPUT.partial`` (``OUTPUT.partial.rank{r}`` per rank under torchrun) and renames it to
+OUTPUT only when complete. The partial file carries two attributes that the final file never has:
+``elmo_cli_settings`` (JSON of what determines the output, checked by ``--resume``) and ``elmo_cli_completed``
+(lines [0, completed) are fully written; a dataset at or beyond it may be half-written and is redone).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from vocab.errors import ElmoError
+
+SENTENCE_INDEX = "sentence_to_index"
+TOKEN_CACHE_EMBEDDING = "embedding"
+TOKEN_CACHE_TOKENS = "tokens"
+SETTINGS_ATTR = "elmo_cli_settings"
+COMPLETED_ATTR = "elmo_cli_completed"
+LAYER_MODES = ("all", "top", "average")
+DTYPES = {"float32": np.float32, "float16": np.float16}
+COMPRESSIONS = ("none", "gzip", "lzf")
+
+_STR = h5py.string_dtype(encoding="utf-8")
+
+
+def partial_path(output: Path, rank: int | None = None) -> Path:
+    """``out.hdf5 -> out.hdf5.partial`` (``out.hdf5.partial.rank1`` for a rank's part under torchrun)."""
+    output = Path(output)
+    suffix = ".partial" if rank is None else f".partial.rank{rank}"
+    return output.with_name(output.name + suffix)
+
+
+def dataset_shape(mode: str, n_layers: int, n_tokens: int, dim: int) -> tuple[int, ...]:
+    """``dataset_shape("all", 3, 7, 1024) -> (3, 7, 1024)``; any other mode drops the layer axis."""
+    return (n_layers, n_tokens, dim) if mode == "all" else (n_tokens, dim)
+
+
+def open_partial(path: Path, settings: dict, resume: bool) -> tuple[h5py.File, int]:
+    """Open the partial file of a dump; returns it and the number of lines already complete.
+
+    Without ``resume`` any old partial file is replaced. With ``resume`` the file's settings must equal
+    ``settings`` (else ElmoError naming what differs) and datasets at or past the completed mark are deleted.
+    """
+    path = Path(path)
+    text = json.dumps(settings, sort_keys=True)
+    if resume and path.exists():
+        try:
+            f = h5py.File(path, "a")
+        except OSError as e:
+            raise ElmoError(f"{path}: cannot reopen the interrupted dump ({e}); run again without --resume")
+        old = json.loads(f.attrs.get(SETTINGS_ATTR, "{}"))
+        if old != settings:
+            f.close()
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            raise ElmoError(f"{path}: cannot resume, the interrupted dump used different "
+                            f"{', '.join(diff)}; run again without --resume (or with the same options)")
+        completed = int(f.attrs.get(COMPLETED_ATTR, 0))
+        for key in [k for k in f.keys() if k.isdigit() and int(k) >= completed]:
+            del f[key]  # possibly half-written: redo it
+        return f, completed
+    try:
+        f = h5py.File(path, "w", track_order=True)  # keys listed in creation (= line) order
+    except OSError as e:
+        raise ElmoError(f"{path}: cannot write ({e})")
+    f.attrs[SETTINGS_ATTR] = text
+    f.attrs[COMPLETED_ATTR] = 0
+    return f, 0
+
+
+def create_line_dataset(f: h5py.File, index: int, shape: tuple[int, ...], dtype: str = "float32",
+                        compression: str = "none") -> h5py.Dataset:
+    """One line's dataset, key ``str(index)``, filled later; empty ones are never compressed (HDF5 cannot chunk
+    a zero-size dataset)."""
+    kwargs = {}
+    if compression != "none" and all(shape):
+        kwargs = {"compression": compression, "shuffle": True}
+    return f.create_dataset(str(index), shape=shape, dtype=DTYPES[dtype], **kwargs)
+
+
+def mark_completed(f: h5py.File, completed: int) -> None:
+    """Record that lines [0, completed) are written, and push it to disk."""
+    f.attrs[COMPLETED_ATTR] = completed
+    f.flush()
+
+
+def write_sentence_index(f: h5py.File, sentence_to_index: dict[str, str]) -> None:
+    """``sentence_to_index``: shape (1,), variable-length UTF-8, the JSON of the mapping."""
+    ds = f.create_dataset(SENTENCE_INDEX, (1,), dtype=_STR)
+    ds[0] = json.dumps(sentence_to_index, ensure_ascii=False)
+
+
+def read_sentence_index(f: h5py.File) -> dict[str, str]:
+    raw = f[SENTENCE_INDEX][0]
+    return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+
+
+def strip_bookkeeping(f: h5py.File) -> None:
+    for attr in (SETTINGS_ATTR, COMPLETED_ATTR):
+        if attr in f.attrs:
+            del f.attrs[attr]
+
+
+def publish(tmp: Path, output: Path) -> None:
+    """fsync the finished temporary file and rename it to its final name (atomic on one filesystem)."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, output)
+
+
+def merge_parts(parts: list[Path], f: h5py.File) -> None:
+    """Copy every line dataset of the rank part files into ``f`` (compression and dtype kept)."""
+    for part in parts:
+        with h5py.File(part, "r") as p:
+            for key in p.keys():
+                if key.isdigit():
+                    p.copy(p[key], f, name=key)
+
+
+# ---- token cache ----------------------------------------------------------------------------------------------
+def write_token_cache(path: Path, tokens: list[str], embedding: np.ndarray) -> None:
+    """``embedding (V, P)`` float32 plus ``tokens (V,)``, written to a temporary name and renamed."""
+    if embedding.shape[0] != len(tokens):
+        raise ValueError(f"{embedding.shape[0]} embedding rows for {len(tokens)} tokens")
+    path = Path(path)
+    tmp = partial_path(path)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset(TOKEN_CACHE_EMBEDDING, data=np.asarray(embedding, dtype=np.float32))
+            f.create_dataset(TOKEN_CACHE_TOKENS, data=np.array(tokens, dtype=object), dtype=_STR)
+        publish(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_token_cache(path: Path, projection_dim: int, tokens: list[str] | None = None
+                     ) -> tuple[list[str], np.ndarray]:
+    """The cache's tokens and ``(V, P)`` embedding; ``tokens`` names the rows of a file without a tokens dataset
+    (one written by bilm-tf)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ElmoError(f"{path}: token cache not found")
+    try:
+        with h5py.File(path, "r") as f:
+            if TOKEN_CACHE_EMBEDDING not in f:
+                raise ElmoError(f"{path}: not a token cache (no '{TOKEN_CACHE_EMBEDDING}' dataset)")
+            emb = f[TOKEN_CACHE_EMBEDDING][...].astype(np.float32)
+            if TOKEN_CACHE_TOKENS in f:
+                tokens = [t.decode("utf-8") if isinstance(t, bytes) else t for t in f[TOKEN_CACHE_TOKENS][...]]
+    except OSError as e:
+        raise ElmoError(f"{path}: not a readable HDF5 file ({e})")
+    if tokens is None:
+        raise ElmoError(f"{path}: the cache does not list its tokens; give the vocabulary it was made from")
+    if emb.ndim != 2 or emb.shape != (len(tokens), projection_dim):
+        raise ElmoError(f"{path}: embedding has shape {emb.shape}, expected ({len(tokens)}, {projection_dim}) "
+                        f"for {len(tokens)} tokens and this model's projection_dim {projection_dim}")
+    return tokens, emb

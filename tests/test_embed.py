@@ -1,0 +1,201 @@
+"""elmo_cli.embed: stateless batching, the token memo and cache, layer reductions, interrupt + resume."""
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from pathlib import Path
+
+from elmo_cli import h5dump
+from elmo_cli.embed import (DumpProgress, TokenEmbeddings, dump_embeddings, dump_token_embeddings, embed_batch,
+                            length_sorted_batches, reduce_layers)
+from elmo_cli.loading import load_model
+from vocab.errors import ElmoError
+
+REFERENCE = Path(__file__).parent / "data" / "reference"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one thread avoids OpenMP stalls when the other core is busy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(None, REFERENCE / "options.json", REFERENCE / "weights.hdf5")
+
+
+@pytest.fixture
+def text_file(tmp_path, reference_dir):
+    """The reference sentences with an empty line and a duplicate inserted."""
+    lines = (reference_dir / "sentences.txt").read_text("utf-8").splitlines()
+    lines = lines[:3] + ["", "   "] + lines[3:] + [lines[0]]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, lines
+
+
+def _read(path):
+    with h5py.File(path, "r") as f:
+        keys = [k for k in f.keys() if k.isdigit()]
+        return {k: f[k][...] for k in keys}, (h5dump.read_sentence_index(f) if "sentence_to_index" in f else None)
+
+
+def test_length_sorted_batches():
+    assert length_sorted_batches([3, 9, 1, 8], 2) == [[1, 3], [0, 2]]
+    assert length_sorted_batches([], 4) == []
+
+
+def test_reduce_layers_hand_computed():
+    a = np.stack([np.full((2, 3), v, dtype=np.float32) for v in (1.0, 2.0, 6.0)])  # (3, 2, 3)
+    assert reduce_layers(a, "all") is a
+    assert np.all(reduce_layers(a, "top") == 6.0)
+    assert np.all(reduce_layers(a, "average") == 3.0)
+    mixed = reduce_layers(a, mix=[0.5, 0.25, 0.25], gamma=2.0)
+    assert mixed.shape == (2, 3) and np.allclose(mixed, 2.0 * (0.5 + 0.5 + 1.5))
+
+
+def test_token_memo_eviction_gives_same_vectors(loaded):
+    words = "the cat sat on the mat , said the dog to the cat".split()
+    a = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device).lookup(words)
+    small = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device, capacity=3)
+    for k in range(0, len(words), 3):  # forces the memo to reset several times
+        torch.testing.assert_close(small.lookup(words[k : k + 3]), a[k : k + 3], atol=1e-6, rtol=0)
+    assert small.n <= 3 + len(set(words))
+
+
+def test_batch_size_and_order_do_not_matter(loaded, text_file, tmp_path):
+    path, lines = text_file
+    outs = []
+    for bs, window in ((1, 100), (4, 1), (64, 100)):
+        out = tmp_path / f"o{bs}.hdf5"
+        dump_embeddings(loaded, path, out, batch_size=bs, window_batches=window)
+        outs.append(_read(out))
+    base, index = outs[0]
+    assert sorted(base, key=int) == [str(i) for i in range(len(lines))]
+    assert base["3"].shape == (3, 0, 128) and base["4"].shape == (3, 0, 128)  # empty lines keep their keys
+    for other, other_index in outs[1:]:
+        assert other_index == index
+        for k in base:
+            np.testing.assert_allclose(other[k], base[k], atol=1e-5, rtol=0)
+    assert index[lines[0].strip()] == str(len(lines) - 1)  # a duplicate: the last index wins
+    assert index[""] == "4"
+
+
+def test_layers_dtype_and_mix(loaded, text_file, tmp_path):
+    path, _ = text_file
+    dump_embeddings(loaded, path, tmp_path / "all.hdf5")
+    full, _ = _read(tmp_path / "all.hdf5")
+    dump_embeddings(loaded, path, tmp_path / "top.hdf5", layers="top", dtype="float16", compression="gzip")
+    dump_embeddings(loaded, path, tmp_path / "mix.hdf5", mix=[0.2, 0.3, 0.5], gamma=1.5, compression="lzf",
+                    sentence_index=False)
+    top, _ = _read(tmp_path / "top.hdf5")
+    mix, mix_index = _read(tmp_path / "mix.hdf5")
+    assert mix_index is None
+    for k, a in full.items():
+        assert top[k].dtype == np.float16 and top[k].shape == a.shape[1:]
+        np.testing.assert_allclose(top[k], a[-1], atol=2e-3, rtol=1e-3)
+        np.testing.assert_allclose(mix[k], 1.5 * (0.2 * a[0] + 0.3 * a[1] + 0.5 * a[2]), atol=1e-5, rtol=0)
+    with pytest.raises(ElmoError, match="3 layers"):
+        dump_embeddings(loaded, path, tmp_path / "bad.hdf5", mix=[0.5, 0.5])
+
+
+def test_token_cache_gives_identical_output(loaded, text_file, tmp_path, reference_dir):
+    path, lines = text_file
+    words = sorted({w for line in lines for w in line.split()} - {"<S>", "</S>", "<UNK>"})
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["<S>", "</S>", "<UNK>"] + words[: len(words) // 2]) + "\n", encoding="utf-8")
+    cache = tmp_path / "cache.hdf5"
+    dump_token_embeddings(loaded, vocab, cache)
+    with h5py.File(cache) as f:
+        assert f["embedding"].shape == (3 + len(words) // 2, 64) and f["embedding"].dtype == np.float32
+    dump_embeddings(loaded, path, tmp_path / "plain.hdf5")
+    dump_embeddings(loaded, path, tmp_path / "cached.hdf5", token_cache=cache)
+    plain, _ = _read(tmp_path / "plain.hdf5")
+    cached, _ = _read(tmp_path / "cached.hdf5")
+    for k in plain:
+        np.testing.assert_allclose(cached[k], plain[k], atol=1e-6, rtol=0)
+
+
+def test_token_cache_rows_are_used(loaded, tmp_path):
+    """A cache row is taken as is: a doctored row changes layer 0 of exactly that token."""
+    store = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device)
+    emb = store.encode(["<S>", "</S>", "cat"]).numpy().copy()
+    emb[2] = 7.0
+    store.add_cache(["<S>", "</S>", "cat"], emb)
+    layers, n, _ = embed_batch(loaded.model, store, [["the", "cat"]])
+    assert np.all(layers[0, 0, 2] == 7.0) and not np.any(layers[0, 0, 1] == 7.0)
+
+
+def test_stateful_warns_and_depends_on_history(loaded, text_file, tmp_path):
+    path, _ = text_file
+    warnings = []
+    dump_embeddings(loaded, path, tmp_path / "s.hdf5", stateful=True, batch_size=2, on_warning=warnings.append)
+    dump_embeddings(loaded, path, tmp_path / "p.hdf5", batch_size=2)
+    assert len(warnings) == 1 and "--stateful" in warnings[0]
+    s, _ = _read(tmp_path / "s.hdf5")
+    p, _ = _read(tmp_path / "p.hdf5")
+    np.testing.assert_allclose(s["0"], p["0"], atol=1e-5)  # the first batch starts from zero state too
+    np.testing.assert_array_equal(s["2"][0], p["2"][0])  # layer 0 has no state
+    assert np.abs(s["2"][1:] - p["2"][1:]).max() > 1e-3  # ... the LSTM layers carry the earlier lines
+
+
+def test_interrupted_dump_resumes_to_the_same_file(loaded, text_file, tmp_path):
+    path, lines = text_file
+    out = tmp_path / "o.hdf5"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after(n):
+        def cb(p: DumpProgress):
+            if p.lines >= n:
+                raise Stop
+        return cb
+
+    with pytest.raises(Stop):
+        dump_embeddings(loaded, path, out, batch_size=2, window_batches=2, on_progress=stop_after(10))
+    partial = h5dump.partial_path(out)
+    assert not out.exists() and partial.exists()
+    with h5py.File(partial) as f:
+        completed = int(f.attrs[h5dump.COMPLETED_ATTR])
+        assert 0 < completed < len(lines)
+        assert any(int(k) >= completed for k in f.keys())  # a window was half written when it stopped
+    result = dump_embeddings(loaded, path, out, batch_size=2, window_batches=2, resume=True)
+    assert result.resumed_from == completed and out.exists() and not partial.exists()
+    dump_embeddings(loaded, path, tmp_path / "ref.hdf5")
+    got, got_index = _read(out)
+    want, want_index = _read(tmp_path / "ref.hdf5")
+    assert got_index == want_index and sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=0)
+    with h5py.File(out) as f:
+        assert h5dump.COMPLETED_ATTR not in f.attrs and h5dump.SETTINGS_ATTR not in f.attrs
+
+
+def test_resume_refuses_other_settings(loaded, text_file, tmp_path):
+    path, _ = text_file
+    out = tmp_path / "o.hdf5"
+
+    def stop(p):
+        if p.lines > 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dump_embeddings(loaded, path, out, batch_size=2, window_batches=1, on_progress=stop)
+    with pytest.raises(ElmoError, match="layers"):
+        dump_embeddings(loaded, path, out, batch_size=2, layers="top", resume=True)
+    assert not out.exists()
+
+
+def test_invalid_utf8_leaves_no_output(loaded, tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"fine line\nbad \xff byte\n")
+    out = tmp_path / "o.hdf5"
+    with pytest.raises(ElmoError, match=r"bad.txt:2: invalid UTF-8 at byte offset 4"):
+        dump_embeddings(loaded, path, out)
+    assert not out.exists()

@@ -1,0 +1,63 @@
+"""The HDF5 dump layout helpers: shapes, partial-file bookkeeping for --resume, the token cache."""
+import h5py
+import numpy as np
+import pytest
+
+from elmo_cli import h5dump
+from vocab.errors import ElmoError
+
+
+def test_dataset_shape_and_partial_names(tmp_path):
+    assert h5dump.dataset_shape("all", 3, 7, 128) == (3, 7, 128)
+    for mode in ("top", "average", "mix"):
+        assert h5dump.dataset_shape(mode, 3, 7, 128) == (7, 128)
+    assert h5dump.partial_path(tmp_path / "o.hdf5").name == "o.hdf5.partial"
+    assert h5dump.partial_path(tmp_path / "o.hdf5", 1).name == "o.hdf5.partial.rank1"
+
+
+def test_resume_keeps_completed_and_drops_the_rest(tmp_path):
+    path = tmp_path / "o.hdf5.partial"
+    settings = {"layers": "all", "dtype": "float32"}
+    f, done = h5dump.open_partial(path, settings, resume=False)
+    assert done == 0
+    for i in range(4):
+        ds = h5dump.create_line_dataset(f, i, (2, 3), "float16", "gzip")
+        ds[...] = np.full((2, 3), i)
+    h5dump.mark_completed(f, 2)
+    f.close()
+    f, done = h5dump.open_partial(path, settings, resume=True)
+    assert done == 2 and sorted(f.keys()) == ["0", "1"]
+    assert f["1"].dtype == np.float16 and f["1"][0, 0] == 1
+    f.close()
+    with pytest.raises(ElmoError, match="dtype"):
+        h5dump.open_partial(path, {"layers": "all", "dtype": "float16"}, resume=True)
+    f, done = h5dump.open_partial(path, settings, resume=False)  # no --resume: start over
+    assert done == 0 and len(f.keys()) == 0
+    f.close()
+
+
+def test_empty_dataset_is_not_chunked_and_sentence_index_round_trips(tmp_path):
+    with h5py.File(tmp_path / "o.hdf5", "w") as f:
+        ds = h5dump.create_line_dataset(f, 0, (3, 0, 8), "float32", "gzip")
+        assert ds.shape == (3, 0, 8) and ds.compression is None
+        mapping = {"naïve café": "0", "北京 .": "1"}
+        h5dump.write_sentence_index(f, mapping)
+        assert f["sentence_to_index"].shape == (1,)
+        assert f["sentence_to_index"].dtype.kind == "O"
+        assert h5dump.read_sentence_index(f) == mapping
+
+
+def test_token_cache_round_trip_and_checks(tmp_path):
+    emb = np.arange(12, dtype=np.float32).reshape(3, 4)
+    path = tmp_path / "cache.hdf5"
+    h5dump.write_token_cache(path, ["<S>", "é", "</S>"], emb)
+    assert not h5dump.partial_path(path).exists()
+    tokens, got = h5dump.read_token_cache(path, 4)
+    assert tokens == ["<S>", "é", "</S>"] and np.array_equal(got, emb)
+    with pytest.raises(ElmoError, match=r"shape \(3, 4\), expected \(3, 5\)"):
+        h5dump.read_token_cache(path, 5)
+    with h5py.File(tmp_path / "bilm_tf.hdf5", "w") as f:  # bilm-tf's own file: no token list
+        f["embedding"] = emb
+    with pytest.raises(ElmoError, match="does not list its tokens"):
+        h5dump.read_token_cache(tmp_path / "bilm_tf.hdf5", 4)
+    assert h5dump.read_token_cache(tmp_path / "bilm_tf.hdf5", 4, ["a", "b", "c"])[0] == ["a", "b", "c"]
