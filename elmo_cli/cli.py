@@ -123,6 +123,125 @@ def cli_evaluate(
 
 
 # ---- export, dump-embeddings, dump-token-embeddings (issue: embeddings) ----------------------------------------
+_MODEL_HELP = "Model directory (a run directory or an `export` output)."
+_OPTIONS_HELP = "bilm-tf options.json (with --weights, instead of --model)."
+_WEIGHTS_HELP = "bilm-tf weights.hdf5 (with --options, instead of --model)."
+
+
+@app.command("export")
+def cli_export(
+    model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
+    output: Path = typer.Option(..., "--output", help="Directory to create."),
+    options: Optional[Path] = typer.Option(None, "--options", help=_OPTIONS_HELP),
+    weights: Optional[Path] = typer.Option(None, "--weights", help=_WEIGHTS_HELP),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+) -> None:
+    """Write a clean prediction directory: options.json (n_characters 262), weights.hdf5, softmax.hdf5, vocab.txt,
+    chars.json, spm.model (each when present), loadable by allennlp's Elmo and by every elmo-cli command."""
+    with _user_errors():
+        from elmo_cli.export import export_model
+
+        names = export_model(output, model, options, weights, force)
+        console.print(f"exported {output}: {', '.join(names)}", highlight=False)
+
+
+def _parse_mix(mix: Optional[str]) -> Optional[List[float]]:
+    if mix is None:
+        return None
+    try:
+        return [float(w) for w in mix.split(",")]
+    except ValueError:
+        raise ElmoError(f"--mix {mix!r}: expected comma-separated numbers, e.g. 0.2,0.3,0.5") from None
+
+
+@app.command("dump-embeddings")
+def cli_dump_embeddings(
+    input: Path = typer.Argument(..., help="Text file, one sentence per line (tokens split on whitespace, or "
+                                           "by the model's spm.model)."),
+    output: Path = typer.Argument(..., help="HDF5 file to write: one dataset per line, key = 0-based index."),
+    model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
+    options: Optional[Path] = typer.Option(None, "--options", help=_OPTIONS_HELP),
+    weights: Optional[Path] = typer.Option(None, "--weights", help=_WEIGHTS_HELP),
+    layers: str = typer.Option("all", "--layers", help="all (L+1, n, 2P) | top (n, 2P) | average (n, 2P)."),
+    mix: Optional[str] = typer.Option(None, "--mix", help="W0,W1,W2: dump gamma * sum_k W_k * layer_k (n, 2P)."),
+    gamma: float = typer.Option(1.0, "--gamma", help="Scale of --mix."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Sentences per batch."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | float16."),
+    compression: str = typer.Option("none", "--compression", help="none | gzip | lzf."),
+    stateful: bool = typer.Option(False, "--stateful", help="Carry LSTM state between batches (legacy; output "
+                                                            "then depends on order and batch size)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted dump from OUTPUT.partial."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+    no_sentence_index: bool = typer.Option(False, "--no-sentence-index", help="Leave out sentence_to_index."),
+    token_cache: Optional[Path] = typer.Option(None, "--token-cache", help="A dump-token-embeddings file: its "
+                                                                           "tokens skip the character CNN."),
+    errors: str = typer.Option("strict", "--errors", help="strict: stop at invalid UTF-8 | replace: use U+FFFD."),
+) -> None:
+    """Embed every line of INPUT into OUTPUT.hdf5 (allennlp `elmo` / bilm-tf layout), stateless by default.
+
+    Works under `torchrun --nproc-per-node N elmo-cli dump-embeddings ...`: each rank embeds its share of the lines
+    and rank 0 writes the one output file.
+    """
+    with _user_errors():
+        import os
+        import time
+
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        from elmo_cli.embed import dump_embeddings
+        from elmo_cli.loading import load_model
+
+        weights_mix = _parse_mix(mix)
+        if weights_mix is not None and layers != "all":
+            raise ElmoError("--mix replaces --layers; give one of them")
+        loaded = load_model(model, options, weights, device)
+        show = os.environ.get("RANK", "0") == "0"
+        start = time.perf_counter()
+        first = {}
+        columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} lines"),
+                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+        with Progress(*columns, console=err_console, disable=not show, transient=False) as bar:
+            task = bar.add_task("embedding", total=None, rate="")
+
+            def on_progress(p) -> None:
+                first.setdefault("lines", p.lines)
+                dt = max(time.perf_counter() - start, 1e-9)
+                rate = f"{(p.lines - first['lines']) / dt:,.0f} sent/s {p.tokens / dt:,.0f} tok/s"
+                bar.update(task, completed=p.lines, total=p.total, rate=rate)
+
+            result = dump_embeddings(
+                loaded, input, output, layers=layers, mix=weights_mix, gamma=gamma, batch_size=batch_size,
+                dtype=dtype, compression=compression, stateful=stateful, resume=resume, force=force,
+                sentence_index=not no_sentence_index, token_cache=token_cache, errors=errors,
+                on_progress=on_progress, on_warning=lambda m: err_console.print(f"[yellow]warning:[/] {m}",
+                                                                                highlight=False))
+        if show:
+            dt = time.perf_counter() - start
+            resumed = f" (resumed after line {result.resumed_from})" if result.resumed_from else ""
+            console.print(f"wrote {result.output}: {result.lines} lines, {result.tokens} tokens embedded in "
+                          f"{dt:.1f} s ({result.tokens / max(dt, 1e-9):,.0f} tokens/s){resumed}", highlight=False)
+
+
+@app.command("dump-token-embeddings")
+def cli_dump_token_embeddings(
+    vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file, one token per line."),
+    output: Path = typer.Option(..., "--output", help="HDF5 file: embedding (V, P), as bilm-tf's."),
+    model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
+    options: Optional[Path] = typer.Option(None, "--options", help=_OPTIONS_HELP),
+    weights: Optional[Path] = typer.Option(None, "--weights", help=_WEIGHTS_HELP),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+) -> None:
+    """Token-encoder output of every vocabulary line (bilm-tf's token cache); use it with dump-embeddings
+    --token-cache to skip the character CNN for those tokens."""
+    with _user_errors():
+        from elmo_cli.embed import dump_token_embeddings
+        from elmo_cli.loading import load_model
+
+        loaded = load_model(model, options, weights, device)
+        path, n = dump_token_embeddings(loaded, vocab, output, force)
+        console.print(f"wrote {path}: {n} tokens x {loaded.model.config.lstm.projection_dim}", highlight=False)
 
 
 if __name__ == "__main__":

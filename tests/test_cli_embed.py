@@ -1,0 +1,147 @@
+"""The embedding commands through the CLI: allennlp's reference reproduced, export, token cache, bad input."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from elmo_cli.cli import app
+
+REFERENCE = Path(__file__).parent / "data" / "reference"
+MODEL_ARGS = ["--options", str(REFERENCE / "options.json"), "--weights", str(REFERENCE / "weights.hdf5")]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _invoke(args):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result, result.output + (result.stderr if result.stderr_bytes is not None else "")
+
+
+@pytest.mark.parametrize("batch_size", ["1", "5"])
+def test_dump_embeddings_reproduces_allennlp_reference(tmp_path, batch_size):
+    out = tmp_path / "out.hdf5"
+    result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, *MODEL_ARGS,
+                            "--batch-size", batch_size])
+    assert result.exit_code == 0, text
+    with h5py.File(out) as got, h5py.File(REFERENCE / "expected_all.hdf5") as want:
+        assert sorted(got.keys()) == sorted(want.keys())
+        for key in want:
+            if key == "sentence_to_index":
+                assert json.loads(got[key][0]) == json.loads(want[key][0])
+                continue
+            assert got[key].dtype == np.float32 and got[key].shape == want[key].shape
+            np.testing.assert_allclose(got[key][...], want[key][...], atol=1e-4, rtol=0, err_msg=key)
+    assert not (tmp_path / "out.hdf5.partial").exists()
+
+
+def test_existing_output_refused_without_force(tmp_path):
+    out = tmp_path / "out.hdf5"
+    out.write_bytes(b"keep me")
+    result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, *MODEL_ARGS])
+    assert result.exit_code == 1 and "already exists; pass --force" in text
+    assert out.read_bytes() == b"keep me"
+    result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, *MODEL_ARGS, "--force",
+                            "--layers", "average", "--dtype", "float16", "--compression", "gzip"])
+    assert result.exit_code == 0, text
+    with h5py.File(out) as f:
+        assert f["0"].dtype == np.float16 and f["0"].ndim == 2
+
+
+def test_bad_inputs_exit_1_and_leave_no_output(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\nstill ok\n caf\xe9 au lait\n")
+    out = tmp_path / "out.hdf5"
+    result, text = _invoke(["dump-embeddings", bad, out, *MODEL_ARGS])
+    assert result.exit_code == 1 and "bad.txt:3: invalid UTF-8 at byte offset 4" in text
+    assert not out.exists()
+
+    options = json.loads((REFERENCE / "options.json").read_text())
+    options["lstm"]["projection_dim"] = 32
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, "--options",
+                            tmp_path / "options.json", "--weights", REFERENCE / "weights.hdf5"])
+    assert result.exit_code == 1
+    assert "CNN_proj/W_proj has shape (128, 64), options.json implies (128, 32)" in text
+    assert "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0 has shape (256, 64)" in text
+    assert not out.exists()
+
+    result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, "--options",
+                            REFERENCE / "options.json", "--weights", tmp_path / "missing.hdf5"])
+    assert result.exit_code == 1 and "missing.hdf5: weights file not found" in text
+    result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, *MODEL_ARGS, "--mix", "1,2"])
+    assert result.exit_code == 1 and "2 weights but this model has 3 layers" in text
+    assert not out.exists()
+
+
+def test_export_then_token_cache_then_cached_dump(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    options = json.loads((REFERENCE / "options.json").read_text())
+    options["char_cnn"]["n_characters"] = 261  # a training-time options file
+    options["n_epochs"] = 3
+    (run / "options.json").write_text(json.dumps(options))
+    shutil.copy(REFERENCE / "weights.hdf5", run / "weights.hdf5")
+    (run / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\n,\n.\nand\n", encoding="utf-8")
+    (run / "checkpoint.pt").write_bytes(b"training state, not exported")
+    export = tmp_path / "export"
+    result, text = _invoke(["export", "--model", run, "--output", export])
+    assert result.exit_code == 0, text
+    assert sorted(p.name for p in export.iterdir()) == ["options.json", "vocab.txt", "weights.hdf5"]
+    exported = json.loads((export / "options.json").read_text())
+    assert exported["char_cnn"]["n_characters"] == 262 and "n_epochs" not in exported
+    with h5py.File(REFERENCE / "weights.hdf5") as a, h5py.File(export / "weights.hdf5") as b:
+        names = []
+        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        assert all(np.array_equal(a[n][...], b[n][...]) for n in names)
+    result, text = _invoke(["export", "--model", run, "--output", export])
+    assert result.exit_code == 1 and "already exists" in text
+
+    cache = tmp_path / "cache.hdf5"
+    result, text = _invoke(["dump-token-embeddings", "--model", export, "--vocab", export / "vocab.txt",
+                            "--output", cache])
+    assert result.exit_code == 0, text
+    with h5py.File(cache) as f:
+        assert f["embedding"].shape == (7, 64)
+    plain, cached = tmp_path / "plain.hdf5", tmp_path / "cached.hdf5"
+    for out, extra in ((plain, []), (cached, ["--token-cache", cache])):
+        result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, "--model", export, *extra])
+        assert result.exit_code == 0, text
+    with h5py.File(plain) as a, h5py.File(cached) as b:
+        for key in a:
+            if key != "sentence_to_index":
+                np.testing.assert_allclose(b[key][...], a[key][...], atol=1e-6, rtol=0)
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun not installed")
+def test_torchrun_two_ranks_write_one_file(tmp_path):
+    out = tmp_path / "out.hdf5"
+    env = dict(os.environ, OMP_NUM_THREADS="1", ELMO_DIST_BACKEND="gloo")
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port", "29631",
+           "-m", "elmo_cli.cli", "dump-embeddings", str(REFERENCE / "sentences.txt"), str(out), *map(str, MODEL_ARGS),
+           "--batch-size", "3"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.hdf5"]  # part files removed
+    with h5py.File(out) as got, h5py.File(REFERENCE / "expected_all.hdf5") as want:
+        assert sorted(got.keys()) == sorted(want.keys())
+        assert list(got.keys())[:3] == ["0", "1", "2"]  # in line order
+        assert json.loads(got["sentence_to_index"][0]) == json.loads(want["sentence_to_index"][0])
+        for key in want:
+            if key != "sentence_to_index":
+                np.testing.assert_allclose(got[key][...], want[key][...], atol=1e-4, rtol=0)
