@@ -1,0 +1,88 @@
+"""The Python API: `from elmo_cli import Embedder, ScalarMix`."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+REFERENCE = Path(__file__).parent / "data" / "reference"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_import_is_light():
+    code = ("import sys, elmo_cli; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from elmo_cli import Embedder, ScalarMix; assert 'torch' in sys.modules; print(Embedder.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Embedder"
+
+
+def _reference():
+    sents = [line.strip().split() for line in (REFERENCE / "sentences.txt").read_text("utf-8").splitlines()]
+    with h5py.File(REFERENCE / "expected_all.hdf5") as f:
+        return sents, [f[str(i)][...] for i in range(len(sents))]
+
+
+def test_embedder_from_bilm_files_matches_allennlp():
+    from elmo_cli import Embedder
+
+    emb = Embedder(options_file=REFERENCE / "options.json", weight_file=REFERENCE / "weights.hdf5", device="cpu")
+    sents, want = _reference()
+    assert emb.n_layers == 3 and emb.dim == 128
+    for batch_size in (2, 64):
+        got = emb.embed_sentences(sents, batch_size=batch_size)
+        assert len(got) == len(sents)
+        for g, w in zip(got, want):
+            assert g.dtype == np.float32 and g.shape == w.shape
+            np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+
+
+def test_embedder_from_model_dir_is_stateless(tmp_path):
+    from elmo_cli import Embedder
+
+    for name in ("options.json", "weights.hdf5"):
+        shutil.copy(REFERENCE / name, tmp_path / name)
+    emb = Embedder(tmp_path)
+    sents, want = _reference()
+    alone = emb.embed_sentences([sents[1]])[0]
+    mixed = emb.embed_sentences([sents[5], [], sents[1], sents[0]], batch_size=3)
+    assert mixed[1].shape == (3, 0, 128)
+    np.testing.assert_allclose(mixed[2], alone, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(alone, want[1], atol=1e-4, rtol=0)
+    assert emb.tokenize(" a  b ") == ["a", "b"]
+    from vocab.errors import ElmoError
+
+    with pytest.raises(ElmoError, match="list of tokens"):
+        emb.embed_sentences(["not tokenized"])
+
+
+def test_scalar_mix_formula_and_masked_layer_norm():
+    from elmo_cli import ScalarMix
+
+    layers = torch.randn(3, 2, 4, 5)
+    mix = ScalarMix(3, initial_weights=[0.0, 1.0, 2.0], gamma=0.5)
+    s = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), 0)
+    torch.testing.assert_close(mix(layers), 0.5 * (s[0] * layers[0] + s[1] * layers[1] + s[2] * layers[2]))
+    assert mix.weights.requires_grad and mix.gamma.requires_grad
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    normed = ScalarMix(3, layer_norm=True)(layers, mask)
+    expected = 0
+    for k in range(3):
+        vals = layers[k][mask]  # (5 positions, 5 features): statistics over unmasked elements only
+        expected = expected + (layers[k] - vals.mean()) / torch.sqrt(vals.var(unbiased=False) + 1e-12) / 3
+    torch.testing.assert_close(normed, expected, atol=1e-5, rtol=1e-5)
+    padded = layers.clone()
+    padded[:, ~mask] = 1e6  # padding content must not change the unmasked outputs
+    torch.testing.assert_close(ScalarMix(3, layer_norm=True)(padded, mask)[mask], normed[mask])
