@@ -70,7 +70,8 @@ class SharedSoftmax(nn.Module):
 
     def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         w = F.embedding(ids, self.weight, sparse=self.sparse)
-        b = F.embedding(ids, self.bias.unsqueeze(1), sparse=self.sparse).squeeze(1)
+        # gather, not embedding of bias.unsqueeze(1): the view's backward cannot take a sparse gradient.
+        b = torch.gather(self.bias, 0, ids, sparse_grad=self.sparse)
         return w, b
 
     def sampled_loss(self, h: torch.Tensor, targets: torch.Tensor, sampled: torch.Tensor, num_tries: int

@@ -1,0 +1,201 @@
+"""The training configuration: one JSON file, a superset of bilm-tf's options.json.
+
+    {"lstm": {...}, "char_cnn": {...},      # as in options.json (spec §3); any subset, the rest from the preset
+     "training": {"batch_size": 128, ...}}  # TrainingConfig fields; any subset
+
+bilm-tf's own top-level training keys (``dropout``, ``n_epochs``, ``batch_size``, ``unroll_steps``,
+``n_negative_samples_batch``, ``all_clip_norm_val``) are accepted too, so a bilm-tf options.json works as a config;
+its bookkeeping keys (``n_train_tokens``, ``n_tokens_vocab``, ...) are ignored. Any other key is an error that lists
+the valid ones. The effective configuration is written to ``RUN_DIR/config.json`` (`RunConfig.to_dict`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elmo_cli.config import MODEL_PRESETS, TRAINING_OPTION_KEYS, ModelConfig
+from vocab.errors import ElmoError
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Optimisation and bookkeeping. Defaults are bilm-tf's (train_elmo.py, training.py)."""
+
+    batch_size: int = 128  # rows per process; bilm-tf's batch_size per GPU
+    unroll_steps: int = 20  # T, truncated-BPTT window
+    lr: float = 0.2  # Adagrad
+    initial_accumulator: float = 1.0  # Adagrad's initial_accumulator_value
+    clip_norm: float = 10.0  # global gradient-norm clip (all_clip_norm_val)
+    dropout: float = 0.1
+    n_negative_samples: int = 8192  # per direction and step; >= vocabulary size means the full softmax
+    epochs: float = 10.0  # epochs of the manifest's token count: steps = epochs * total_tokens / (B * T * ranks)
+    max_steps: int = 0  # when > 0, the run length in steps (instead of `epochs`)
+    max_time: float = 0.0  # seconds of training in this invocation; 0 = no limit
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "fp32"  # fp32 | bf16 (autocast)
+    sparse_softmax: bool = True  # softmax gradients touch only the rows a batch used (single process)
+    log_every: int = 10  # steps per metrics.jsonl record
+    checkpoint_every: int = 500  # steps; 0 = only by time and at the end
+    checkpoint_minutes: float = 30.0  # also checkpoint after this many minutes; 0 = off
+    keep_checkpoints: int = 3
+    validation_every: int = 0  # steps; 0 = validate only at the end (when a validation set is given)
+    validation_max_tokens: int = 0  # cap on validation tokens per evaluation; 0 = the whole set
+    threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
+
+    def validate(self, source: str = "config") -> None:
+        positive = ("batch_size", "unroll_steps", "n_negative_samples", "log_every", "keep_checkpoints")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ElmoError(f"{source}: training.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("lr", "epochs"):
+            if not getattr(self, name) > 0:
+                raise ElmoError(f"{source}: training.{name} must be positive, got {getattr(self, name)}")
+        nonneg = ("initial_accumulator", "clip_norm", "max_steps", "max_time", "checkpoint_every",
+                  "checkpoint_minutes", "validation_every", "validation_max_tokens", "threads")
+        for name in nonneg:
+            if getattr(self, name) < 0:
+                raise ElmoError(f"{source}: training.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ElmoError(f"{source}: training.dropout must be in [0, 1), got {self.dropout}")
+        if self.dtype not in ("fp32", "bf16"):
+            raise ElmoError(f"{source}: training.dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
+
+
+# bilm-tf's top-level option names -> TrainingConfig fields.
+BILM_TF_TRAINING_KEYS = {
+    "dropout": "dropout", "n_epochs": "epochs", "batch_size": "batch_size", "unroll_steps": "unroll_steps",
+    "n_negative_samples_batch": "n_negative_samples", "all_clip_norm_val": "clip_norm",
+}
+
+TRAINING_PRESETS: dict[str, TrainingConfig] = {
+    # The demo: about 3-5 minutes on 2 CPU cores over examples/austen_train.txt (205k tokens, ~5k-word
+    # vocabulary). Batch 32 (not 128) gives 4x more updates in the same time, which matters more than batch
+    # size this early in training; 1024 negatives (not 8192) because 8192 would be the whole vocabulary
+    # (then the "sampled" loss is just the full softmax, 5x the softmax work per step); dropout is kept.
+    "tiny": TrainingConfig(batch_size=32, unroll_steps=20, n_negative_samples=1024, epochs=2.0,
+                           checkpoint_every=200, validation_every=0, log_every=10),
+    "small": TrainingConfig(),
+    "medium": TrainingConfig(),
+    "original": TrainingConfig(),
+}
+assert set(TRAINING_PRESETS) == set(MODEL_PRESETS)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=lambda: MODEL_PRESETS["tiny"])
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.model.to_options()
+        d["training"] = dataclasses.asdict(self.training)
+        return d
+
+    def with_training(self, **overrides: Any) -> "RunConfig":
+        """Apply the non-None overrides (CLI flags) to the training section."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(TrainingConfig)})
+        if unknown:
+            raise ElmoError(f"unknown training option(s) {', '.join(unknown)}")
+        training = dataclasses.replace(self.training, **given)
+        training.validate("command line")
+        return dataclasses.replace(self, training=training)
+
+
+def _valid_keys_error(path: str, key: str, valid: list[str]) -> ElmoError:
+    where = f"{path}.{key}" if path else key
+    return ElmoError(f"unknown config key {where!r}; valid keys{' in ' + path if path else ''}: {', '.join(valid)}")
+
+
+def _merge(base: dict, new: dict, path: str, source: str) -> dict:
+    """Deep-merge `new` into a copy of `base`, refusing keys `base` does not have."""
+    out = dict(base)
+    for key, value in new.items():
+        if key not in base:
+            raise ElmoError(f"{source}: " + str(_valid_keys_error(path, key, sorted(base))))
+        if isinstance(base[key], dict):
+            if not isinstance(value, dict):
+                raise ElmoError(f"{source}: {path + '.' if path else ''}{key} must be an object")
+            out[key] = _merge(base[key], value, f"{path}.{key}" if path else key, source)
+        else:
+            out[key] = value
+    return out
+
+
+def _coerce_training(d: dict, source: str) -> TrainingConfig:
+    kwargs = {}
+    for f in dataclasses.fields(TrainingConfig):
+        value = d[f.name]
+        default = f.default
+        try:
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise TypeError("expected true or false")
+            elif isinstance(default, int):
+                if isinstance(value, bool) or float(value) != int(value):
+                    raise TypeError("expected an integer")
+                value = int(value)
+            elif isinstance(default, float):
+                if isinstance(value, bool):
+                    raise TypeError("expected a number")
+                value = float(value)
+            elif isinstance(default, str):
+                if not isinstance(value, str):
+                    raise TypeError("expected a string")
+        except (TypeError, ValueError) as e:
+            raise ElmoError(f"{source}: training.{f.name}: {value!r} is not valid ({e})") from None
+        kwargs[f.name] = value
+    cfg = TrainingConfig(**kwargs)
+    cfg.validate(source)
+    return cfg
+
+
+def build_config(user: dict[str, Any] | None = None, preset: str = "tiny", source: str = "config") -> RunConfig:
+    """The preset's configuration with the user's (partial) dict merged over it; every key checked."""
+    if preset not in MODEL_PRESETS:
+        raise ElmoError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    base = MODEL_PRESETS[preset].to_options()
+    base["training"] = dataclasses.asdict(TRAINING_PRESETS[preset])
+    user = dict(user or {})
+    if not isinstance(user, dict):
+        raise ElmoError(f"{source}: the config must be a JSON object")
+    # bilm-tf's flat training keys: map the meaningful ones, drop the bookkeeping ones.
+    flat = {}
+    for key in list(user):
+        if key in BILM_TF_TRAINING_KEYS:
+            flat[BILM_TF_TRAINING_KEYS[key]] = user.pop(key)
+        elif key in TRAINING_OPTION_KEYS:
+            user.pop(key)
+    if flat:
+        user["training"] = {**flat, **user.get("training", {})}
+    merged = _merge(base, user, "", source)
+    training = _coerce_training(merged.pop("training"), source)
+    model = ModelConfig.from_options(merged, source=source)
+    return RunConfig(model=model, training=training)
+
+
+def load_config(path: Path | None = None, preset: str | None = None) -> RunConfig:
+    """Read a config JSON file (partial; the rest from `preset`, default ``tiny``)."""
+    user = None
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ElmoError(f"{path}: config file not found")
+        try:
+            user = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ElmoError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(user, dict):
+            raise ElmoError(f"{path}: the config must be a JSON object")
+    return build_config(user, preset or "tiny", source=str(path) if path else "config")
+
+
+def save_config(config: RunConfig, path: Path) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
