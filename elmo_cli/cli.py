@@ -120,6 +120,10 @@ def cli_evaluate(
     console.print(f"full softmax over {result.vocab_size:,} words, no dropout; {mode}", highlight=False)
     if per_sentence is not None:
         console.print(f"per-sentence scores: {per_sentence}", highlight=False)
+    if unigram is not None:
+        console.print(f"perplexity on {', '.join(data)}: biLM {result.average_perplexity:.1f} (average of both "
+                      f"directions) vs unigram {unigram.perplexity:.1f}, over the same {result.tokens:,} tokens",
+                      highlight=False)
 
 
 # ---- export, dump-embeddings, dump-token-embeddings (issue: embeddings) ----------------------------------------

@@ -40,7 +40,8 @@ def test_table_per_sentence_and_unigram(tmp_path):
     r = invoke(["--model", model, data, "--per-sentence", per, "--unigram-baseline", data, "--exclude-unk"])
     assert r.exit_code == 0, r.output
     for label in ("forward perplexity", "backward perplexity", "average perplexity", "OOV rate",
-                  "tokens scored per direction", "unigram baseline perplexity", "blank lines skipped", "stateless"):
+                  "tokens scored per direction", "unigram baseline perplexity", "blank lines skipped", "stateless",
+                  "vs unigram"):
         assert label in r.stdout
     rows = [json.loads(line) for line in per.read_text("utf-8").splitlines()]
     assert len(rows) == len(LINES)
