@@ -1,0 +1,77 @@
+"""The shared softmax: sampled loss (TF's sampled_softmax_loss as bilm-tf used it) and the full softmax."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from elmo_cli.model.softmax import SharedSoftmax, expected_counts, log_uniform_sample
+
+
+def test_every_class_sampled_equals_full_softmax():
+    torch.manual_seed(0)
+    sm = SharedSoftmax(30, 8)
+    with torch.no_grad():
+        sm.bias.normal_()
+    h, targets = torch.randn(12, 8), torch.randint(0, 30, (12,))
+    sampled, tries = log_uniform_sample(64, 30, torch.Generator().manual_seed(0))
+    assert tries == -1 and sorted(sampled.tolist()) == list(range(30))
+    full = -sm.log_probs(h, targets, chunk_size=7).mean()
+    torch.testing.assert_close(sm.sampled_loss(h, targets, sampled, tries), full, atol=1e-5, rtol=1e-5)
+
+
+def test_negatives_follow_the_log_uniform_law():
+    V, n = 20, 20000
+    g = torch.Generator().manual_seed(123)
+    first = np.array([int(log_uniform_sample(1, V, g)[0][0]) for _ in range(n)])
+    k = np.arange(V)
+    p = np.log((k + 2) / (k + 1)) / np.log(V + 1)
+    observed = np.bincount(first, minlength=V)
+    chi2 = float(((observed - n * p) ** 2 / (n * p)).sum())
+    assert chi2 < 43.82  # chi-square, 19 degrees of freedom, p = 0.001
+    # a set of distinct negatives, and its expected counts use the number of draws it took
+    ids, tries = log_uniform_sample(50, 1000, g)
+    assert len(set(ids.tolist())) == 50 and tries >= 50
+    q = expected_counts(ids, 1000, tries)
+    assert ((q > 0) & (q <= 1)).all()
+    k0 = float(ids[0])
+    torch.testing.assert_close(q[0], torch.tensor(1 - (1 - math.log((k0 + 2) / (k0 + 1))
+                                                         / math.log(1001)) ** tries, dtype=torch.float64))
+
+
+def test_accidental_hits_are_masked():
+    torch.manual_seed(1)
+    V, P = 100, 6
+    sm = SharedSoftmax(V, P)
+    sampled = torch.tensor([0, 3, 5, 9, 17])
+    tries = 11
+    targets = torch.tensor([3, 50, 9, 17])  # rows 0, 2, 3 hit a sampled id
+    h = torch.randn(4, P)
+    loss = sm.sampled_loss(h, targets, sampled, tries)
+    logq_s = torch.log(expected_counts(sampled, V, tries)).float()
+    logq_t = torch.log(expected_counts(targets, V, tries)).float()
+    per_row = []
+    for i in range(4):
+        true = h[i] @ sm.weight[targets[i]] + sm.bias[targets[i]] - logq_t[i]
+        keep = sampled != targets[i]
+        neg = h[i] @ sm.weight[sampled[keep]].t() + sm.bias[sampled[keep]] - logq_s[keep]
+        per_row.append(torch.logsumexp(torch.cat([true[None], neg]), 0) - true)
+    torch.testing.assert_close(loss, torch.stack(per_row).mean())
+
+
+def test_sparse_gradients_equal_dense_and_touch_only_used_rows():
+    torch.manual_seed(2)
+    dense, sparse = SharedSoftmax(50, 4), SharedSoftmax(50, 4, sparse=True)
+    sparse.load_state_dict(dense.state_dict())
+    h, targets = torch.randn(7, 4), torch.randint(0, 50, (7,))
+    sampled, tries = log_uniform_sample(10, 50, torch.Generator().manual_seed(3))
+    dense.sampled_loss(h, targets, sampled, tries).backward()
+    sparse.sampled_loss(h, targets, sampled, tries).backward()
+    assert sparse.weight.grad.is_sparse and sparse.bias.grad.is_sparse
+    torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
+    torch.testing.assert_close(sparse.bias.grad.to_dense(), dense.bias.grad)
+    used = set(targets.tolist()) | set(sampled.tolist())
+    untouched = [i for i in range(50) if i not in used]
+    assert (dense.weight.grad[untouched] == 0).all()
+    assert set(sparse.weight.grad.coalesce().indices()[0].tolist()) <= used
