@@ -1,0 +1,110 @@
+"""The whole biLM forward against spec §5, written here independently in float64 from bilm-tf's arrays."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from elmo_cli.bilm_format import model_to_arrays
+from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_cli.model.bilm import BiLM, to_model_chars
+from vocab.chars import ByteChars
+
+CONFIG = ModelConfig(
+    char_cnn=CharCNNConfig(filters=((1, 4), (2, 3), (3, 5)), n_highway=2, activation="tanh", embedding_dim=4,
+                           n_characters=262, max_characters_per_token=12),
+    lstm=LSTMConfig(dim=9, projection_dim=6, n_layers=2, cell_clip=1.0, proj_clip=0.9),
+)
+
+
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def reference_token(a: dict, chars: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Spec §5.1-5.2 for one token; `chars` are raw ids (W,)."""
+    emb = np.concatenate([np.zeros((1, a["char_embed"].shape[1])), a["char_embed"]])[chars + 1]  # (W, E)
+    W = len(chars)
+    pooled = []
+    for i, (width, count) in enumerate(config.char_cnn.filters):
+        kern = a[f"CNN/W_cnn_{i}"][0]  # (width, E, count)
+        conv = np.stack([np.einsum("ke,ken->n", emb[p : p + width], kern) for p in range(W - width + 1)])
+        m = conv.max(0) + a[f"CNN/b_cnn_{i}"]
+        pooled.append(np.maximum(m, 0) if config.char_cnn.activation == "relu" else np.tanh(m))
+    x = np.concatenate(pooled)
+    for k in range(config.char_cnn.n_highway):
+        carry = _sig(x @ a[f"CNN_high_{k}/W_carry"] + a[f"CNN_high_{k}/b_carry"])
+        transform = np.maximum(x @ a[f"CNN_high_{k}/W_transform"] + a[f"CNN_high_{k}/b_transform"], 0)
+        x = carry * transform + (1 - carry) * x
+    return x @ a["CNN_proj/W_proj"] + a["CNN_proj/b_proj"]
+
+
+def reference_stack(a: dict, xs: np.ndarray, d: int, config: ModelConfig) -> list[np.ndarray]:
+    """Spec §5.3-5.4 for one direction over a sequence (T, P) from zero state."""
+    H, P = config.lstm.dim, config.lstm.projection_dim
+    layers, inp = [], xs
+    for l in range(config.lstm.n_layers):
+        pre = f"RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/"
+        h, c = np.zeros(P), np.zeros(H)
+        outs = []
+        for t in range(len(inp)):
+            z = np.concatenate([inp[t], h]) @ a[pre + "W_0"] + a[pre + "B"]
+            i, j, f, o = np.split(z, 4)
+            c = np.clip(_sig(f + 1) * c + _sig(i) * np.tanh(j), -config.lstm.cell_clip, config.lstm.cell_clip)
+            h = np.clip((_sig(o) * np.tanh(c)) @ a[pre + "W_P_0"], -config.lstm.proj_clip, config.lstm.proj_clip)
+            outs.append(h)
+        out = np.stack(outs)
+        if l > 0:
+            out = out + inp
+        layers.append(out)
+        inp = out
+    return layers
+
+
+def _model() -> BiLM:
+    torch.manual_seed(0)
+    model = BiLM(CONFIG, vocab_size=11)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("char_embedding.weight"):
+                p.normal_(0.0, 0.7)
+        model.encoder.char_embedding.weight[1:].normal_(0.0, 1.0)
+    return model.eval()
+
+
+def test_full_forward_matches_spec():
+    model = _model()
+    chars = ByteChars(max_chars=12).encode_tokens(["<S>", "Th", "cat", "é!", "</S>"])  # raw (5, 12)
+    layers, _ = model.embed(to_model_chars(chars)[None], torch.tensor([5]))
+    a = {k: v.astype(np.float64) for k, v in model_to_arrays(model).items()}
+    x = np.stack([reference_token(a, row.astype(np.int64), CONFIG) for row in chars])  # (T, P)
+    fwd = reference_stack(a, x, 0, CONFIG)
+    bwd = [o[::-1] for o in reference_stack(a, x[::-1], 1, CONFIG)]
+    expected = [np.concatenate([x, x], 1)] + [np.concatenate([f, b], 1) for f, b in zip(fwd, bwd)]
+    # the clips must bind somewhere for this to test them
+    assert any(np.isclose(np.abs(o), CONFIG.lstm.proj_clip).any() for o in fwd)
+    np.testing.assert_allclose(layers[:, 0].detach().double().numpy(), np.stack(expected), atol=2e-5)
+
+
+def test_lm_hidden_tops_equal_embed_and_distinct_encoder_equals_plain():
+    model = _model()
+    chars = ByteChars(max_chars=12).encode_tokens(["<S>", "a", "b", "a", "c", "</S>"])
+    c = to_model_chars(chars)[None]  # (1, 6, W)
+    layers, _ = model.embed(c, torch.tensor([6]))
+    f_top, b_top, _ = model.lm_hidden(c, c.flip(1))
+    P = CONFIG.lstm.projection_dim
+    torch.testing.assert_close(f_top, layers[-1, :, :, :P])
+    torch.testing.assert_close(b_top.flip(1), layers[-1, :, :, P:])
+    torch.testing.assert_close(model.encoder.forward_distinct(c), model.encoder(c[0])[None])
+
+
+def test_dropout_only_in_training():
+    model = BiLM(CONFIG, vocab_size=11, dropout=0.5)
+    c = to_model_chars(ByteChars(max_chars=12).encode_tokens(["<S>", "a", "b", "</S>"]))[None]
+    model.eval()
+    a1, _, _ = model.lm_hidden(c, c.flip(1))
+    a2, _, _ = model.lm_hidden(c, c.flip(1))
+    torch.testing.assert_close(a1, a2)
+    model.train()
+    torch.manual_seed(0)
+    t1, _, _ = model.lm_hidden(c, c.flip(1))
+    assert not torch.allclose(t1, a1)
