@@ -41,7 +41,198 @@ def _user_errors() -> Iterator[None]:
 # ---- build-vocab, shard (issue: corpus preparation) ------------------------------------------------------------
 
 
+def _vocab_table(stats) -> "Table":
+    from rich.table import Table
+
+    table = Table(title=f"vocabulary {stats.output}", show_header=False)
+    table.add_column(justify="left")
+    table.add_column(justify="right")
+    rows = [
+        ("lines (sentences)", f"{stats.lines:,}"),
+        ("blank lines skipped", f"{stats.blank_lines:,}"),
+        ("running tokens", f"{stats.tokens:,}"),
+        ("types", f"{stats.types:,}"),
+        ("kept types", f"{stats.kept_types:,}"),
+        ("vocabulary size (with <S> </S> <UNK>)", f"{stats.vocab_size:,}"),
+        ("running tokens covered", f"{stats.coverage:.2%}"),
+        ("OOV rate", f"{stats.oov_rate:.2%}"),
+        ("tokens truncated at 48 bytes", f"{stats.truncated_tokens:,} ({stats.truncated_types:,} types)"),
+        (f"softmax size at projection dim {stats.projection_dim}", f"{stats.softmax_mb:,.1f} MB"),
+    ]
+    if stats.spm_model_path is not None:
+        rows.append(("SentencePiece model", str(stats.spm_model_path)))
+    rows.append(("counts", str(stats.counts_path)))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+@app.command("build-vocab")
+def cli_build_vocab(
+    corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
+    output: Path = typer.Option(..., "--output", "-o", help="Vocabulary file to write (bilm-tf format)."),
+    min_count: int = typer.Option(1, help="Drop tokens seen fewer times."),
+    max_size: Optional[int] = typer.Option(None, help="At most this many vocabulary lines, specials included."),
+    projection_dim: int = typer.Option(512, help="Projection dim for the reported softmax size V*(P+1)*4 bytes."),
+    errors: str = typer.Option("strict", help="Invalid UTF-8: strict (error) or replace (U+FFFD)."),
+    sentencepiece: bool = typer.Option(False, "--sentencepiece", help="Train a SentencePiece model on raw text."),
+    vocab_size: Optional[int] = typer.Option(None, help="SentencePiece vocabulary size (with --sentencepiece)."),
+    model_type: str = typer.Option("unigram", help="SentencePiece model: unigram or bpe."),
+    seed: int = typer.Option(0, help="SentencePiece sampling seed."),
+) -> None:
+    """Count whitespace tokens (one sentence per line) and write VOCAB (specials first, then by descending count,
+    ties by UTF-8 bytes) plus VOCAB.counts.tsv. With --sentencepiece, train a model on raw text instead and write it
+    beside the vocabulary as <stem>.spm.model (vocab.txt -> vocab.spm.model); shard then tokenizes with it."""
+    from vocab.vocabulary import build_vocab, train_sentencepiece
+
+    with _user_errors():
+        if sentencepiece:
+            if vocab_size is None:
+                raise ElmoError("--sentencepiece needs --vocab-size N")
+            with console.status("training SentencePiece"):
+                stats = train_sentencepiece(
+                    corpus, output, vocab_size=vocab_size, model_type=model_type, seed=seed,
+                    projection_dim=projection_dim, errors=errors,
+                )
+        else:
+            if vocab_size is not None:
+                raise ElmoError("--vocab-size only applies with --sentencepiece; use --max-size for word vocabularies")
+            with console.status("counting tokens") as status:
+                stats = build_vocab(
+                    corpus, output, min_count=min_count, max_size=max_size, projection_dim=projection_dim,
+                    errors=errors, on_line=lambda n: status.update(f"counting tokens: {n:,} lines"),
+                )
+        console.print(_vocab_table(stats))
+        console.print(f"wrote {stats.output} ({stats.vocab_size:,} tokens)")
+
+
+@app.command("shard")
+def cli_shard(
+    corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
+    vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file (its <stem>.spm.model is used if present)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Shard directory to create."),
+    tokens_per_shard: int = typer.Option(1_000_000, help="About this many tokens per shard (bounds memory)."),
+    seed: int = typer.Option(0, help="Shuffle seed; same input and seed give byte-identical shards."),
+    workers: int = typer.Option(1, help="Encoding processes; the output does not depend on it."),
+    chars: str = typer.Option("bytes", help="Character ids: bytes (bilm-tf compatible) or codepoint."),
+    max_chars_vocab: int = typer.Option(2000, help="Code points kept with --chars codepoint (others share one id)."),
+    errors: str = typer.Option("strict", help="Invalid UTF-8: strict (error) or replace (U+FFFD)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty output directory."),
+) -> None:
+    """Encode a corpus into shuffled, memory-mappable shards with a manifest.json the trainer reads."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from vocab.shards import write_shards
+
+    with _user_errors():
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console,
+                      transient=True) as progress:
+            task = progress.add_task("counting", total=None)
+
+            def on_progress(stage: str, done: int, total: int) -> None:
+                progress.update(task, description=stage, completed=done, total=total or None)
+
+            summary = write_shards(
+                corpus, vocab, output, tokens_per_shard=tokens_per_shard, seed=seed, workers=workers, chars=chars,
+                max_chars_vocab=max_chars_vocab, errors=errors, force=force, on_progress=on_progress,
+            )
+        console.print(
+            f"wrote {summary.shards} shard(s) to {summary.directory}: {summary.sentences:,} sentences, "
+            f"{summary.tokens:,} tokens, OOV {summary.oov_rate:.2%}, {summary.blank_lines:,} blank lines skipped, "
+            f"{summary.bytes_per_token:.2f} bytes/token ({summary.manifest['chars']} chars)"
+        )
+
+
 # ---- train (issue: the biLM) -----------------------------------------------------------------------------------
+def _parse_duration(text: str | None) -> float | None:
+    """``90`` / ``90s`` / ``5m`` / ``2h`` -> seconds."""
+    if text is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ElmoError(f"--max-time {text!r}: expected seconds or a number with s, m or h (e.g. 90m)") from None
+
+
+@app.command("train")
+def cli_train(
+    data: Path = typer.Option(..., "--data", help="Shard directory (elmo-cli shard)."),
+    output: Path = typer.Option(..., "--output", help="Run directory: model files, config.json, metrics.jsonl, checkpoints/."),
+    config: Optional[Path] = typer.Option(None, "--config", help="JSON config: options.json keys plus a 'training' section."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="tiny | small | medium | original (default tiny)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Rows per process."),
+    unroll_steps: Optional[int] = typer.Option(None, "--unroll-steps"),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Adagrad learning rate."),
+    epochs: Optional[float] = typer.Option(None, "--epochs"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Run length in steps (instead of --epochs)."),
+    max_time: Optional[str] = typer.Option(None, "--max-time", help="Stop (with a checkpoint) after this long: 90s, 30m, 2h."),
+    n_negative_samples: Optional[int] = typer.Option(None, "--n-negative-samples"),
+    dropout: Optional[float] = typer.Option(None, "--dropout"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 (autocast)."),
+    validation: Optional[Path] = typer.Option(None, "--validation", help="Held-out shards (same vocabulary): full-softmax perplexity."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints."),
+    resume: bool = typer.Option(False, "--resume", help="Continue exactly from the newest checkpoint in --output."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a trained model directory (fine-tuning)."),
+    reset_softmax: bool = typer.Option(False, "--reset-softmax", help="With --init-from: re-initialise the softmax."),
+) -> None:
+    """Train a biLM on shards (bilm-tf's recipe); under torchrun, DistributedDataParallel over the processes."""
+    with _user_errors():
+        import math
+
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from elmo_cli import train as training
+        from elmo_cli.train_config import load_config
+
+        if resume and (config is not None or preset is not None or init_from is not None):
+            raise ElmoError("--resume continues with the run's own config.json; drop --config/--preset/--init-from")
+        if reset_softmax and init_from is None:
+            raise ElmoError("--reset-softmax only applies with --init-from MODEL_DIR")
+        cfg = training.resume_config(output) if resume else load_config(config, preset)
+        cfg = cfg.with_training(
+            batch_size=batch_size, unroll_steps=unroll_steps, lr=lr, epochs=epochs, max_steps=max_steps,
+            max_time=_parse_duration(max_time), n_negative_samples=n_negative_samples, dropout=dropout, seed=seed,
+            device=device, dtype=dtype, checkpoint_every=checkpoint_every)
+        rank0 = int(__import__("os").environ.get("RANK", "0")) == 0
+        progress = Progress(
+            TextColumn("epoch {task.fields[epoch]:.2f}"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("{task.fields[rate]:,.0f} tok/s"), TextColumn("ETA {task.fields[eta]}"),
+            TextColumn("loss {task.fields[loss]:.3f} (sampled)"), TimeElapsedColumn(),
+            console=err_console, disable=not rank0, transient=False)
+        task = progress.add_task("train", total=None, epoch=0.0, rate=0.0, eta="?", loss=math.nan)
+
+        def on_step(info: "training.StepInfo") -> None:
+            eta = f"{int(info.eta // 3600)}:{int(info.eta % 3600 // 60):02d}:{int(info.eta % 60):02d}"
+            progress.update(task, completed=info.step, total=info.total_steps, epoch=info.epoch,
+                            rate=info.tokens_per_s, eta=eta, loss=info.loss)
+            if info.validation:
+                v = info.validation
+                progress.console.print(f"step {info.step}: validation perplexity (full softmax) forward "
+                                       f"{v['forward_perplexity']:.2f}, backward {v['backward_perplexity']:.2f}, "
+                                       f"average {v['average_perplexity']:.2f}")
+
+        with progress:
+            result = training.train(cfg, data, output, validation_dir=validation, resume=resume,
+                                    init_from=init_from, reset_softmax=reset_softmax, on_step=on_step)
+        if not rank0:
+            return
+        for note in result.notes:
+            console.print(note)
+        how = {"finished": "finished", "max_steps": "already at --max-steps", "max_time": "stopped at --max-time",
+               "signal": "interrupted; resume with --resume"}[result.stopped]
+        console.print(f"{how}: step {result.step}/{result.total_steps}, train loss {result.train_loss:.3f} "
+                      f"(sampled softmax, perplexity {math.exp(min(result.train_loss, 50)):.1f}), "
+                      f"{result.tokens_per_s:,.0f} tokens/s; model in {result.run_dir}", highlight=False)
+        if result.validation:
+            v = result.validation
+            console.print(f"validation perplexity (full softmax): forward {v['forward_perplexity']:.2f}, backward "
+                          f"{v['backward_perplexity']:.2f}, average {v['average_perplexity']:.2f} "
+                          f"over {v['tokens']} tokens", highlight=False)
+
 
 
 # ---- evaluate (issue: perplexity) ------------------------------------------------------------------------------
