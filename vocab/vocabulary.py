@@ -214,6 +214,7 @@ def build_vocab(
             on_line(n)
     if not counts:
         raise _empty_error(files, stats)
+    output.parent.mkdir(parents=True, exist_ok=True)
     ranked = rank_counts(counts)
     kept = [(t, c) for t, c in ranked if c >= min_count and t not in SPECIALS]
     if max_size is not None:
@@ -320,6 +321,7 @@ def train_sentencepiece(
     for line in _sentences(files, errors, stats):
         counts.update(sp.encode(line, out_type=str))
     _fill_stats(stats, counts, vocab, max_chars)
+    output.parent.mkdir(parents=True, exist_ok=True)
     stats.spm_model_path = spm_path_for(output)
     atomic_write_bytes(stats.spm_model_path, model.getvalue())
     stats.counts_path = _write_counts(output, vocab, rank_counts(counts))

@@ -1,0 +1,96 @@
+"""Shard throughput and memory: `elmo-cli shard`'s library function on the Austen corpus, against `wc -w`.
+
+Prints, all measured in this run: build-vocab and shard throughput (MB/s of text, tokens/s), peak RSS of the
+sharding process (a fresh subprocess each time, ru_maxrss from os.wait4), bytes per token on disk, the time ratio
+to `wc -w` over the same file, workers=2 vs 1, and peak RSS with a corpus ten times larger (the issue asks for
+at most +30%).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CANDIDATES = [ROOT.parent / "shared" / "corpora" / "en_austen_tok.txt", Path("/work/shared/corpora/en_austen_tok.txt"),
+              ROOT / "examples" / "austen_train.txt"]
+
+_SHARD = """
+import json, sys, time
+from vocab.shards import write_shards
+t = time.perf_counter()
+s = write_shards(sys.argv[1], sys.argv[2], sys.argv[3], workers=int(sys.argv[4]))
+print(json.dumps({"seconds": time.perf_counter() - t, "tokens": s.tokens, "bytes_per_token": s.bytes_per_token,
+                  "text_bytes": s.text_bytes, "shards": s.shards}))
+"""
+
+
+def run_measured(cmd: list[str]) -> tuple[str, float, float]:
+    """Run a command; return its stdout, wall seconds and peak RSS in MB (of that child alone)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, cwd=ROOT)
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        stdout = out.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed: {p.stderr.read().decode()[-2000:]}")
+    p.stderr.close()
+    return stdout, wall, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
+def shard(corpus: Path, vocab: Path, out: Path, workers: int = 1) -> tuple[dict, float, float]:
+    shutil.rmtree(out, ignore_errors=True)
+    stdout, wall, rss = run_measured([sys.executable, "-c", _SHARD, str(corpus), str(vocab), str(out), str(workers)])
+    return json.loads(stdout.strip().splitlines()[-1]), wall, rss
+
+
+def main() -> None:
+    from vocab.vocabulary import build_vocab
+
+    corpus = next(p for p in CANDIDATES if p.exists())
+    work = Path(tempfile.mkdtemp(prefix="bench-shard-"))
+    try:
+        mb = corpus.stat().st_size / 1e6
+        print(f"corpus: {corpus} ({mb:.1f} MB)")
+        t = time.perf_counter()
+        stats = build_vocab(corpus, work / "vocab.txt")
+        t_vocab = time.perf_counter() - t
+        print(f"build-vocab: {stats.tokens:,} tokens, {stats.vocab_size:,} types in {t_vocab:.2f} s "
+              f"= {mb / t_vocab:.1f} MB/s, {stats.tokens / t_vocab:,.0f} tokens/s")
+
+        _, wc_wall, _ = run_measured(["wc", "-w", str(corpus)])
+        r1, wall1, rss1 = shard(corpus, work / "vocab.txt", work / "s1")
+        print(f"shard (workers=1): {wall1:.2f} s wall (library {r1['seconds']:.2f} s) = {mb / wall1:.2f} MB/s, "
+              f"{r1['tokens'] / wall1:,.0f} tokens/s, peak RSS {rss1:.0f} MB, {r1['bytes_per_token']:.2f} bytes/token, "
+              f"{r1['shards']} shard(s)")
+        print(f"wc -w same file: {wc_wall:.3f} s -> shard is {wall1 / wc_wall:.0f}x the time of wc -w")
+        r2, wall2, rss2 = shard(corpus, work / "vocab.txt", work / "s2", workers=2)
+        print(f"shard (workers=2): {wall2:.2f} s wall, peak RSS of the parent {rss2:.0f} MB, {r2['shards']} shard(s)"
+              f" (one bucket per worker: no gain when there is one shard)")
+
+        big = work / "corpus_x10.txt"
+        with open(big, "wb") as f:
+            data = corpus.read_bytes()
+            for _ in range(10):
+                f.write(data)
+        r10, wall10, rss10 = shard(big, work / "vocab.txt", work / "s10")
+        print(f"shard 10x corpus ({big.stat().st_size / 1e6:.0f} MB, {r10['tokens']:,} tokens, {r10['shards']} shards): "
+              f"{wall10:.1f} s = {big.stat().st_size / 1e6 / wall10:.2f} MB/s, peak RSS {rss10:.0f} MB "
+              f"= {rss10 / rss1:.2f}x the 1x corpus (limit 1.30x)")
+        r10w, wall10w, _ = shard(big, work / "vocab.txt", work / "s10w", workers=2)
+        same = all((work / "s10" / f).read_bytes() == (work / "s10w" / f).read_bytes() for f in ("manifest.json",))
+        print(f"shard 10x corpus, workers=2: {wall10w:.1f} s ({wall10 / wall10w:.2f}x faster than workers=1; "
+              f"identical manifest and shard checksums: {same})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
