@@ -1,0 +1,166 @@
+"""Dump throughput of `dump_embeddings` against a straightforward implementation, measured in the same run.
+
+200 ordinary English sentences of about 25 tokens (from examples/austen_heldout.txt), float32, batch 64, random
+weights in the published `small` and `original` shapes. The baseline is what one writes first: batches in input
+order, the character CNN as one ``nn.Conv1d`` per filter bank on every running token, and an LSTM cell that runs one
+time step at a time with ``[x_t ; h_{t-1}] @ W_0`` (no input product hoisted out of the loop). Both write the same
+HDF5 layout; their outputs are checked equal (allclose) before any figure is printed.
+
+    python -m benchmarks.run embed        (or: python -m benchmarks.bench_embed [small original])
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elmo_cli.config import MODEL_PRESETS
+from elmo_cli.embed import dump_embeddings
+from elmo_cli.loading import LoadedModel
+from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
+from vocab.chars import ByteChars
+from vocab.tokenize import TextEncoder
+
+ROOT = Path(__file__).resolve().parent.parent
+N_SENTENCES, TARGET_LEN, BATCH = 200, 25, 64
+
+
+def load_sentences() -> list[list[str]]:
+    """The N_SENTENCES lines closest to TARGET_LEN tokens, in file order."""
+    lines = [l.split() for l in (ROOT / "examples" / "austen_heldout.txt").read_text("utf-8").splitlines()]
+    lines = [l for l in lines if len(l) >= 5]
+    keep = set(sorted(range(len(lines)), key=lambda i: (abs(len(lines[i]) - TARGET_LEN), i))[:N_SENTENCES])
+    return [lines[i] for i in sorted(keep)]
+
+
+# ---- the straightforward implementation ---------------------------------------------------------------------------
+class NaiveEncoder(nn.Module):
+    """Char CNN with one Conv1d per filter bank, run on every token of the batch."""
+
+    def __init__(self, model: BiLM):
+        super().__init__()
+        enc = model.encoder
+        self.enc = enc
+        self.convs = nn.ModuleList()
+        for kern, bias in zip(enc.kernels, enc.biases):  # kern (w, E, n) -> Conv1d weight (n, E, w)
+            conv = nn.Conv1d(kern.shape[1], kern.shape[2], kern.shape[0])
+            conv.weight.data.copy_(kern.detach().permute(2, 1, 0))
+            conv.bias.data.copy_(bias.detach())
+            self.convs.append(conv)
+
+    def forward(self, chars: torch.Tensor) -> torch.Tensor:  # (N, W) -> (N, P)
+        x = self.enc.char_embedding(chars).transpose(1, 2)  # (N, E, W)
+        h = torch.cat([conv(x).amax(dim=2) for conv in self.convs], dim=1)  # (N, F)
+        h = F.relu(h) if self.enc.config.activation == "relu" else torch.tanh(h)
+        for hw in self.enc.highways:
+            h = hw(h)
+        return self.enc.projection(h)
+
+
+def naive_lstm(layer, x: torch.Tensor) -> torch.Tensor:
+    """One step at a time: z = [x_t ; h] @ W_0 + B, no hoisted input product. x (B, T, P) -> (B, T, P)."""
+    B, T, _ = x.shape
+    H = layer.dim
+    w0 = torch.cat([layer.input_weight, layer.recurrent_weight], dim=1).t()  # (2P, 4H)
+    bias = layer.bias + layer.forget_bias
+    h, c = layer.zero_state(B)
+    outs = []
+    for t in range(T):
+        z = torch.cat([x[:, t], h], dim=1) @ w0 + bias
+        i, j, f, o = z.split(H, dim=1)
+        c = (torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)).clamp(-layer.cell_clip, layer.cell_clip)
+        h = ((torch.sigmoid(o) * torch.tanh(c)) @ layer.projection_weight.t()).clamp(-layer.proj_clip,
+                                                                                    layer.proj_clip)
+        outs.append(h)
+    return torch.stack(outs, dim=1)
+
+
+@torch.no_grad()
+def naive_dump(model: BiLM, sentences: list[list[str]], output: Path) -> None:
+    chars_enc, encoder = ByteChars(), NaiveEncoder(model)
+    with h5py.File(output, "w") as f:
+        for start in range(0, len(sentences), BATCH):
+            batch = sentences[start : start + BATCH]
+            rows = [chars_enc.encode_tokens(["<S>", *s, "</S>"]) for s in batch]
+            lengths = torch.tensor([r.shape[0] for r in rows])
+            T = int(lengths.max())
+            flat = to_model_chars(np.concatenate(rows))  # every running token, (N, W)
+            emb = encoder(flat)  # (N, P)
+            x = torch.zeros(len(batch), T, emb.shape[1])
+            offset = 0
+            for b, r in enumerate(rows):
+                x[b, : r.shape[0]] = emb[offset : offset + r.shape[0]]
+                offset += r.shape[0]
+            outs = [torch.cat([x, x], dim=-1)]
+            fx, bx = x, reverse_padded(x, lengths)
+            for l, (fl, bl) in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers)):
+                fo, bo = naive_lstm(fl, fx), naive_lstm(bl, bx)
+                if l > 0:
+                    fo, bo = fo + fx, bo + bx
+                outs.append(torch.cat([fo, reverse_padded(bo, lengths)], dim=-1))
+                fx, bx = fo, bo
+            layers = torch.stack(outs).numpy()  # (L+1, B, T, 2P)
+            for b, s in enumerate(batch):
+                f.create_dataset(str(start + b), data=layers[:, b, 1 : len(s) + 1])
+
+
+# ---- measurement ----------------------------------------------------------------------------------------------------
+def _max_diff(a: Path, b: Path) -> float:
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        return max(float(np.abs(fa[k][...] - fb[k][...]).max()) for k in fb if k.isdigit())
+
+
+def run_config(name: str, sentences: list[list[str]], tmp: Path, text_file: Path) -> dict:
+    torch.manual_seed(0)
+    model = BiLM(MODEL_PRESETS[name]).eval()
+    loaded = LoadedModel(model, TextEncoder(chars=ByteChars()), None, torch.device("cpu"))
+    n_tokens = sum(len(s) for s in sentences)
+    dump_embeddings(loaded, text_file, tmp / "warm.hdf5", batch_size=BATCH, force=True)  # warm-up
+    times = {}
+    t = time.perf_counter()
+    naive_dump(model, sentences, tmp / f"naive_{name}.hdf5")
+    times["baseline"] = time.perf_counter() - t
+    best = float("inf")
+    for _ in range(2):
+        t = time.perf_counter()
+        dump_embeddings(loaded, text_file, tmp / f"fast_{name}.hdf5", batch_size=BATCH, force=True)
+        best = min(best, time.perf_counter() - t)
+    times["elmo-cli"] = best
+    diff = _max_diff(tmp / f"fast_{name}.hdf5", tmp / f"naive_{name}.hdf5")
+    assert diff < 1e-4, f"{name}: outputs differ by {diff}"
+    dump_embeddings(loaded, text_file, tmp / f"f16_{name}.hdf5", batch_size=BATCH, dtype="float16", force=True)
+    sizes = {dt: (tmp / f"{p}_{name}.hdf5").stat().st_size / n_tokens for dt, p in (("float32", "fast"),
+                                                                                      ("float16", "f16"))}
+    return {"name": name, "tokens": n_tokens, "diff": diff, "times": times, "bytes_per_token": sizes}
+
+
+def main(configs: list[str] | None = None) -> None:
+    configs = configs or ["small", "original"]
+    sentences = load_sentences()
+    n_tokens = sum(len(s) for s in sentences)
+    print(f"{len(sentences)} sentences, {n_tokens} tokens (mean {n_tokens / len(sentences):.1f}), batch {BATCH}, "
+          f"float32, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        text_file = tmp / "input.txt"
+        text_file.write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+        for name in configs:
+            r = run_config(name, sentences, tmp, text_file)
+            base, fast = r["times"]["baseline"], r["times"]["elmo-cli"]
+            print(f"{name:>9}: baseline {r['tokens'] / base:8,.0f} tokens/s | elmo-cli dump-embeddings "
+                  f"{r['tokens'] / fast:8,.0f} tokens/s | speed-up {base / fast:4.1f}x | max |diff| {r['diff']:.1e}",
+                  flush=True)
+            b = r["bytes_per_token"]
+            print(f"{'':>9}  file size per token (layers=all): float32 {b['float32']:,.0f} B, "
+                  f"float16 {b['float16']:,.0f} B", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or None)
