@@ -199,3 +199,39 @@ def test_invalid_utf8_leaves_no_output(loaded, tmp_path):
     with pytest.raises(ElmoError, match=r"bad.txt:2: invalid UTF-8 at byte offset 4"):
         dump_embeddings(loaded, path, out)
     assert not out.exists()
+
+
+def test_windowed_char_cnn_equals_full_convolution(loaded):
+    """encode_chars skips all-padding windows; tokens of every length up to past the 48-byte cut agree."""
+    from elmo_cli.embed import encode_chars
+    from elmo_cli.model import to_model_chars
+
+    chars = loaded.text.chars
+    tokens = ["<S>", "</S>", "a", "of", "naïve", "北京", "🙂", "x" * 44, "x" * 45, "y" * 47, "z" * 48, "w" * 60,
+              "é" * 24, "東" * 17, "<UNK>", "tab\there"]
+    raw = chars.encode_tokens(tokens)
+    ids = to_model_chars(raw)
+    with torch.no_grad():
+        full = loaded.model.encoder(ids)
+        for k in range(len(tokens)):  # alone, with n_used = its own length
+            n_used = int((raw[k] != chars.pad_char).sum())
+            got = encode_chars(loaded.model.encoder, ids[k : k + 1], n_used, chars.pad_char + 1)
+            torch.testing.assert_close(got, full[k : k + 1], atol=1e-5, rtol=0)
+        together = encode_chars(loaded.model.encoder, ids, int((raw != chars.pad_char).sum(1).max()),
+                                chars.pad_char + 1)
+    torch.testing.assert_close(together, full, atol=1e-5, rtol=0)
+
+
+def test_batched_directions_equal_bilm_embed(loaded):
+    from elmo_cli.embed import StatelessBiLSTM
+
+    torch.manual_seed(0)
+    B, T, P = 4, 7, 64
+    x = torch.randn(B, T, P) * 3  # large inputs so that cell and projection clipping fire
+    lengths = torch.tensor([7, 2, 5, 3])
+    with torch.no_grad():
+        want, _ = loaded.model.embed(torch.empty(B, T, 0, dtype=torch.long), lengths, token_embeddings=x)
+        got = StatelessBiLSTM(loaded.model)(x, lengths)
+    assert got.shape == want.shape == (3, B, T, 128)
+    for b, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(got[:, b, :n], want[:, b, :n], atol=1e-5, rtol=0)
