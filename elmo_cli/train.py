@@ -344,13 +344,23 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     # Returns
     `TrainResult` (rank 0's view).
     """
-    data_dir, run_dir = Path(data_dir), Path(run_dir)
+    threads = torch.get_num_threads()
+    try:
+        if config.training.threads:
+            torch.set_num_threads(config.training.threads)
+        with warnings.catch_warnings():
+            # torch warns that it skips invariant checks on the sparse softmax gradients Adagrad builds; expected.
+            warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+            return _train(config, Path(data_dir), Path(run_dir), validation_dir, resume, init_from, reset_softmax,
+                          on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None, resume: bool,
+           init_from: Path | None, reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
     tc = config.training
-    # torch warns once that it skips invariant checks on the sparse softmax gradients Adagrad builds; expected.
-    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
     ddp, device = _init_distributed(tc.device)
-    if tc.threads and device.type == "cpu":
-        torch.set_num_threads(tc.threads)
     autocast_dtype = torch.bfloat16 if tc.dtype == "bf16" else None
     if autocast_dtype is not None and device.type == "cpu" and not torch.backends.mkldnn.is_available():
         raise ElmoError("--dtype bf16 on CPU needs a torch build with oneDNN; use --dtype fp32")
@@ -392,7 +402,8 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     # Model, identical on every rank (DDP also broadcasts rank 0's parameters).
     V = len(dataset.vocab)
     torch.manual_seed(tc.seed)
-    sparse = tc.sparse_softmax and not (ddp.enabled and device.type == "cuda")  # NCCL has no sparse all-reduce
+    # DDP's reducer cannot all-reduce sparse gradients, so the softmax gradient is dense under torchrun.
+    sparse = tc.sparse_softmax and not ddp.enabled
     model = BiLM(config.model, vocab_size=V, dropout=tc.dropout, sparse_softmax=sparse)
     notes: list[str] = []
     if init_from is not None and ckpt is None:

@@ -1,0 +1,219 @@
+"""Training: the loss falls, resume is exact (in process and after SIGKILL), SIGTERM checkpoints, torchrun."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from elmo_cli.loading import load_model
+from elmo_cli.model.bilm import BiLM
+from elmo_cli.train import _init_from, clip_grad_norm, train
+from train_fixtures import TINY_MODEL, make_shards, tiny_config
+from vocab.errors import ElmoError
+from vocab.shards import ShardDataset, write_shards
+from vocab.tokenize import TextEncoder
+from vocab.vocabulary import build_vocab
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> tuple[Path, Path, Path]:
+    return make_shards(tmp_path_factory.mktemp("corpus"))
+
+
+def _params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(latest_checkpoint(run_dir))["model"]
+
+
+def _assert_same_params(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_loss_falls_and_beats_unigram(shards, tmp_path):
+    _, train_dir, valid_dir = shards
+    # 64 negatives >= the 35 words: the training loss is the full softmax cross-entropy here
+    cfg = tiny_config(max_steps=250, dropout=0.0, checkpoint_every=0, n_negative_samples=64, lr=0.5)
+    result = train(cfg, train_dir, tmp_path / "run", validation_dir=valid_dir)
+    records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss_sampled"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < 0.6 * losses[0]
+    # held-out full-softmax perplexity against a unigram model of the training text (add-one smoothed)
+    ds = ShardDataset(train_dir)
+    counts = Counter()
+    for ids, _ in ds.iter_sentences():
+        counts.update(ids.tolist())
+        counts[ds.vocab.eos_id] += 1
+    V, total = len(ds.vocab), sum(counts.values())
+    vds = ShardDataset(valid_dir)
+    nll, n = 0.0, 0
+    for ids, _ in vds.iter_sentences():
+        for t in ids.tolist() + [vds.vocab.eos_id]:
+            nll -= math.log((counts[t] + 1) / (total + V))
+            n += 1
+    unigram = math.exp(nll / n)
+    v = result.validation
+    assert v["tokens"] == n
+    assert v["forward_perplexity"] < 0.5 * unigram and v["backward_perplexity"] < 0.5 * unigram
+    assert any(r["kind"] == "validation" and r["softmax"] == "full" for r in records)
+    # the run directory is a loadable model directory
+    loaded = load_model(tmp_path / "run")
+    assert loaded.model.softmax.vocab_size == V and loaded.model.config.char_cnn.n_characters == 262
+
+
+def test_resume_20_then_40_equals_40(shards, tmp_path):
+    _, train_dir, _ = shards
+    train(tiny_config(max_steps=40), train_dir, tmp_path / "a")
+    train(tiny_config(max_steps=20), train_dir, tmp_path / "b")
+    r = train(tiny_config(max_steps=40), train_dir, tmp_path / "b", resume=True)
+    assert r.resumed_from == 20 and r.step == 40
+    _assert_same_params(_params(tmp_path / "a"), _params(tmp_path / "b"))
+    a, b = load_checkpoint(latest_checkpoint(tmp_path / "a")), load_checkpoint(latest_checkpoint(tmp_path / "b"))
+    assert torch.equal(a["ranks"][0]["data"], b["ranks"][0]["data"])
+    assert len(list_checkpoints(tmp_path / "a")) == 3  # keep_checkpoints
+    with pytest.raises(ElmoError, match="already holds a run"):
+        train(tiny_config(max_steps=40), train_dir, tmp_path / "a")
+    with pytest.raises(ElmoError, match="batch size"):
+        train(tiny_config(max_steps=50, batch_size=5), train_dir, tmp_path / "a", resume=True)
+
+
+def _cli(args: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "elmo-cli"), "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _write_config(path: Path, **training) -> Path:
+    cfg = tiny_config(**training)
+    path.write_text(json.dumps(cfg.to_dict()), encoding="utf-8")
+    return path
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        if time.monotonic() > end:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def test_sigkill_then_resume_equals_uninterrupted(shards, tmp_path):
+    _, train_dir, _ = shards
+    config = _write_config(tmp_path / "config.json", checkpoint_every=10)
+    steps = "200"
+    killed = tmp_path / "killed"
+    proc = _cli(["--data", str(train_dir), "--output", str(killed), "--config", str(config), "--max-steps", steps])
+    _wait_for(lambda: len(list_checkpoints(killed)) >= 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = load_checkpoint(latest_checkpoint(killed))["step"]
+    assert killed_at < int(steps)
+    resumed = _cli(["--data", str(train_dir), "--output", str(killed), "--resume", "--max-steps", steps])
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    cfg = tiny_config(checkpoint_every=10, max_steps=int(steps))
+    train(cfg, train_dir, tmp_path / "straight")
+    _assert_same_params(_params(killed), _params(tmp_path / "straight"))
+    steps_logged = [json.loads(l)["step"] for l in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert steps_logged == sorted(set(steps_logged))  # records after the checkpoint were not duplicated
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly(shards, tmp_path):
+    _, train_dir, _ = shards
+    config = _write_config(tmp_path / "config.json", checkpoint_every=0, log_every=1)
+    run = tmp_path / "run"
+    proc = _cli(["--data", str(train_dir), "--output", str(run), "--config", str(config), "--max-steps", "100000"])
+    metrics = run / "metrics.jsonl"
+    _wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "interrupted" in out
+    ckpt = load_checkpoint(latest_checkpoint(run))
+    assert 3 <= ckpt["step"] < 100000
+    assert load_model(run).model.softmax is not None
+
+
+def test_nan_loss_stops_with_a_clear_message(shards, tmp_path):
+    _, train_dir, _ = shards
+    with pytest.raises(ElmoError, match=r"loss became (nan|inf)|gradient norm became") as e:
+        train(tiny_config(max_steps=50, lr=1e30, clip_norm=0.0, checkpoint_every=1), train_dir, tmp_path / "run")
+    assert "step-" in str(e.value)
+    load_checkpoint(latest_checkpoint(tmp_path / "run"))  # the last good one is intact
+
+
+def test_clip_grad_norm_counts_sparse_gradients():
+    torch.manual_seed(0)
+    dense = torch.nn.Parameter(torch.randn(3, 4))
+    table = torch.nn.Parameter(torch.randn(10, 4))
+    ids = torch.tensor([1, 1, 7])  # a repeated row: coalescing must sum it before the norm
+    loss = (torch.nn.functional.embedding(ids, table, sparse=True).sum(0) * dense).sum() * 10
+    loss.backward()
+    dense_table_grad = table.grad.to_dense().clone()
+    expected = torch.cat([dense.grad.flatten(), dense_table_grad.flatten()]).norm().item()
+    norm = clip_grad_norm([dense, table], 1.0)
+    assert norm == pytest.approx(expected, rel=1e-5)
+    after = torch.cat([dense.grad.flatten(), table.grad.to_dense().flatten()]).norm().item()
+    assert after == pytest.approx(1.0, rel=1e-5)
+
+
+def test_init_from_maps_softmax_rows_by_word(shards, tmp_path):
+    vocab, train_dir, _ = shards
+    r = train(tiny_config(max_steps=5), train_dir, tmp_path / "base")
+    # a domain corpus with some new words: its own vocabulary, different ids
+    (tmp_path / "domain.txt").write_text("the zebra sees a small house .\nthe cat finds the zebra again .\n" * 10)
+    build_vocab([tmp_path / "domain.txt"], tmp_path / "dvocab.txt")
+    write_shards([tmp_path / "domain.txt"], tmp_path / "dvocab.txt", tmp_path / "domain")
+    enc = TextEncoder.from_dir(tmp_path / "domain")
+    src = load_model(tmp_path / "base").model
+    old = TextEncoder.from_dir(tmp_path / "base").vocab
+    cfg = dataclasses.replace(src.config)
+    model = BiLM(cfg, vocab_size=len(enc.vocab))
+    notes = _init_from(model, tmp_path / "base", enc, reset_softmax=False)
+    assert "mapped" in notes[0]
+    for word in ("the", "cat", "house", "<S>"):
+        torch.testing.assert_close(model.softmax.weight[enc.vocab.id_of(word)], src.softmax.weight[old.id_of(word)])
+    torch.testing.assert_close(model.forward_lstm.layers[1].recurrent_weight, src.forward_lstm.layers[1].recurrent_weight)
+    r = train(tiny_config(max_steps=3), tmp_path / "domain", tmp_path / "tuned", init_from=tmp_path / "base",
+              reset_softmax=True)
+    assert r.step == 3 and "afresh" in r.notes[0]
+
+
+def test_bf16_autocast_trains_on_cpu(shards, tmp_path):
+    _, train_dir, valid_dir = shards
+    r = train(tiny_config(max_steps=4, dtype="bf16"), train_dir, tmp_path / "run", validation_dir=valid_dir)
+    assert math.isfinite(r.train_loss) and math.isfinite(r.validation["average_perplexity"])
+
+
+def test_torchrun_two_processes_gloo(shards, tmp_path):
+    _, train_dir, _ = shards
+    config = _write_config(tmp_path / "config.json", checkpoint_every=10)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(29500 + os.getpid() % 1000),
+         str(BIN / "elmo-cli"), "train", "--data", str(train_dir), "--output", str(run), "--config", str(config),
+         "--max-steps", "12"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = load_checkpoint(latest_checkpoint(run))
+    assert ckpt["step"] == 12 and len(ckpt["ranks"]) == 2
+    # each process read its own rows: rank 1's positions are not rank 0's
+    assert not torch.equal(ckpt["ranks"][0]["data"], ckpt["ranks"][1]["data"])
+    assert load_model(run).model.softmax is not None
+    assert proc.stdout.count("finished: step 12/12") == 1  # only rank 0 reports

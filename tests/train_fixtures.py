@@ -1,0 +1,44 @@
+"""Shared helpers for the training tests: a small learnable corpus, its shards, and a tiny model config."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from elmo_cli.train_config import RunConfig, build_config
+from vocab.shards import write_shards
+from vocab.vocabulary import build_vocab
+
+SUBJECTS = ["the cat", "a dog", "my old friend", "the bird", "her sister", "our neighbour"]
+VERBS = ["sees", "likes", "follows", "hears", "finds"]
+OBJECTS = ["the garden", "a small house", "the river", "his letter", "the red ball", "a quiet room"]
+TAILS = [".", "today .", "again .", "in the morning ."]
+
+
+def corpus_lines(n: int, seed: int = 0) -> list[str]:
+    """Sentences of a tiny grammar (about 40 word types): easy to learn, so the loss must fall."""
+    rng = random.Random(seed)
+    return [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}"
+            for _ in range(n)]
+
+
+def make_shards(root: Path, n_train: int = 300, n_valid: int = 40) -> tuple[Path, Path, Path]:
+    """Vocabulary + train shards + validation shards under ``root``; returns (vocab, train_dir, valid_dir)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "train.txt").write_text("\n".join(corpus_lines(n_train, 0)) + "\n", encoding="utf-8")
+    (root / "valid.txt").write_text("\n".join(corpus_lines(n_valid, 1)) + "\n", encoding="utf-8")
+    vocab = root / "vocab.txt"
+    build_vocab([root / "train.txt"], vocab)
+    write_shards([root / "train.txt"], vocab, root / "train", tokens_per_shard=1000, seed=0)
+    write_shards([root / "valid.txt"], vocab, root / "valid", seed=0)
+    return vocab, root / "train", root / "valid"
+
+
+TINY_MODEL = {"lstm": {"dim": 32, "projection_dim": 16, "n_layers": 2, "cell_clip": 3, "proj_clip": 3},
+              "char_cnn": {"filters": [[1, 8], [2, 8]], "n_highway": 1, "embedding": {"dim": 4}}}
+
+
+def tiny_config(**training) -> RunConfig:
+    base = {"batch_size": 4, "unroll_steps": 8, "n_negative_samples": 16, "log_every": 5, "checkpoint_every": 10,
+            "checkpoint_minutes": 0, "threads": 1, "device": "cpu"}
+    base.update(training)
+    return build_config({**TINY_MODEL, "training": base}, "tiny")
