@@ -206,6 +206,8 @@ def cli_train(
         task = progress.add_task("train", total=None, epoch=0.0, rate=0.0, eta="?", loss=math.nan)
 
         def on_step(info: "training.StepInfo") -> None:
+            if not progress.live.is_started:  # started on the first step, so setup errors print alone
+                progress.start()
             eta = f"{int(info.eta // 3600)}:{int(info.eta % 3600 // 60):02d}:{int(info.eta % 60):02d}"
             progress.update(task, completed=info.step, total=info.total_steps, epoch=info.epoch,
                             rate=info.tokens_per_s, eta=eta, loss=info.loss)
@@ -215,9 +217,11 @@ def cli_train(
                                        f"{v['forward_perplexity']:.2f}, backward {v['backward_perplexity']:.2f}, "
                                        f"average {v['average_perplexity']:.2f}")
 
-        with progress:
+        try:
             result = training.train(cfg, data, output, validation_dir=validation, resume=resume,
                                     init_from=init_from, reset_softmax=reset_softmax, on_step=on_step)
+        finally:
+            progress.stop()
         if not rank0:
             return
         for note in result.notes:
