@@ -182,6 +182,7 @@ def test_interrupted_shard_leaves_no_manifest(tmp_path, corpus, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(shards_module, "_encode_bucket", boom)
+    (tmp_path / "out").mkdir()
     with pytest.raises(KeyboardInterrupt):
         write_shards(path, vocab_path, tmp_path / "out")
     assert not (tmp_path / "out" / "manifest.json").exists()
@@ -207,4 +208,8 @@ def test_empty_corpus_writes_nothing(tmp_path, corpus):
     (tmp_path / "blank.txt").write_text("\n \n\t\n")
     with pytest.raises(ElmoError, match=r"blank.txt: corpus is empty \(3 blank lines"):
         write_shards(tmp_path / "blank.txt", vocab_path, tmp_path / "out")
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out").exists()  # created by the failed run, so removed again
+    (tmp_path / "given").mkdir()
+    with pytest.raises(ElmoError, match="corpus is empty"):
+        write_shards(tmp_path / "blank.txt", vocab_path, tmp_path / "given")
+    assert (tmp_path / "given").is_dir() and not any((tmp_path / "given").iterdir())

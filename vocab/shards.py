@@ -167,10 +167,12 @@ def write_shards(
 
     encoder.chars = ByteChars(max_characters_per_token)
     out = Path(output)
+    created = not out.exists()
     _prepare_output(out, force)
     tmp = out / TMP_DIR
     tmp.mkdir()
     progress = on_progress or (lambda stage, done, total: None)
+    ok = False
     try:
         if STDIN in files:
             files = [_spool_stdin(tmp) if f == STDIN else f for f in files]
@@ -270,9 +272,12 @@ def write_shards(
         assert sum(r["tokens"] for r in results) == n_tokens
         shutil.rmtree(tmp)
         atomic_write_bytes(out / MANIFEST, (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+        ok = True
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if not ok and created:
+            shutil.rmtree(out, ignore_errors=True)  # we made it, so nothing of the user's is lost
     return ShardSummary(
         directory=out,
         manifest=manifest,
