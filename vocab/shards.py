@@ -17,16 +17,17 @@ How `write_shards` keeps memory bounded and the output deterministic:
 
 1. pass 1 streams the corpus and counts sentences and tokens (and code points in codepoint mode);
    ``n_shards = ceil(tokens / tokens_per_shard)``;
-2. pass 2 streams it again and sends each sentence to a bucket drawn from ``default_rng(seed)``; buckets are
-   spill files in ``DIR/.tmp-shard/`` (buffered, flushed every 8 MB);
-3. each bucket (about ``tokens_per_shard`` tokens) is read, shuffled with ``default_rng([seed, k])`` and encoded
-   into shard k, one bucket per worker process. Each shard depends only on its bucket, so ``--workers`` never
+2. pass 2 streams it again and sends each non-blank line to a bucket drawn from ``default_rng(seed)``; buckets
+   are spill files of raw lines in ``DIR/.tmp-shard/`` (buffered, flushed every 8 MB);
+3. each bucket (about ``tokens_per_shard`` tokens) is read, shuffled with ``default_rng([seed, k])``, tokenized
+   and encoded into shard k, one bucket per worker process. Each shard depends only on its bucket, so ``--workers`` never
    changes the bytes.
 """
 from __future__ import annotations
 
 import array
 import hashlib
+import itertools
 import json
 import math
 import multiprocessing
@@ -50,7 +51,6 @@ MANIFEST = "manifest.json"
 TMP_DIR = ".tmp-shard"
 SHARD_FILES = ("token_ids", "char_index", "char_table", "offsets")
 _SPILL_FLUSH_BYTES = 8 << 20
-_SEP = "\x00"  # token separator in spill files: read_lines rejects NUL, so no token contains it
 
 
 @dataclass
@@ -212,13 +212,14 @@ def write_shards(
         block = np.empty(0, dtype=np.int64)
         pos = 0
         done = 0
-        pass2 = Counter(text_bytes=0, blank_lines=0)
-        for tokens in _sentences(files, encoder, errors, pass2):
+        for _, _, line in read_lines(files, errors):
+            if not line or line.isspace():
+                continue
             if pos == len(block):
                 block, pos = rng.integers(0, n_shards, size=65536), 0
             k = int(block[pos])
             pos += 1
-            data = (_SEP.join(tokens) + "\n").encode("utf-8")
+            data = (line + "\n").encode("utf-8")
             buffers[k].append(data)
             buffered += len(data)
             if buffered >= _SPILL_FLUSH_BYTES:
@@ -228,8 +229,8 @@ def write_shards(
             if done % 50000 == 0:
                 progress("spill", done, n_sentences)
         flush()
-        if done != n_sentences:
-            raise ElmoError(f"{', '.join(files)}: corpus changed while it was being read ({n_sentences} then {done} sentences)")
+        if done < n_sentences:
+            raise ElmoError(f"{', '.join(files)}: corpus changed while it was being read ({n_sentences} then {done} lines)")
 
         # Pass 3: shuffle and encode each bucket.
         jobs = [(str(spill[k]), str(out / _shard_name(k)), seed, k) for k in range(n_shards)]
@@ -257,10 +258,10 @@ def write_shards(
             "chars": encoder.chars.mode,
             "max_characters_per_token": encoder.chars.max_chars,
             "n_characters": encoder.chars.n_characters,
-            "total_sentences": n_sentences,
-            "total_tokens": n_tokens,
+            "total_sentences": sum(r["sentences"] for r in results),
+            "total_tokens": sum(r["tokens"] for r in results),
             "oov_tokens": sum(r["oov_tokens"] for r in results),
-            "blank_lines": counts["blank_lines"],
+            "blank_lines": counts["blank_lines"] + n_sentences - sum(r["sentences"] for r in results),
             "text_bytes": counts["text_bytes"],
             "shard_bytes": shard_bytes,
             "bytes_per_token": round(shard_bytes / n_tokens, 4),
@@ -269,7 +270,8 @@ def write_shards(
             "sources": [os.path.basename(f) if f.startswith(str(tmp)) else f for f in files],
             "shards": [{k: r[k] for k in ("path", "sentences", "tokens", "distinct_tokens", "sha256", "files")} for r in results],
         }
-        assert sum(r["tokens"] for r in results) == n_tokens
+        if encoder.tokenizer == "whitespace":
+            assert (manifest["total_sentences"], manifest["total_tokens"]) == (n_sentences, n_tokens)
         shutil.rmtree(tmp)
         atomic_write_bytes(out / MANIFEST, (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
         ok = True
@@ -281,9 +283,9 @@ def write_shards(
     return ShardSummary(
         directory=out,
         manifest=manifest,
-        sentences=n_sentences,
-        tokens=n_tokens,
-        blank_lines=counts["blank_lines"],
+        sentences=manifest["total_sentences"],
+        tokens=manifest["total_tokens"],
+        blank_lines=manifest["blank_lines"],
         oov_tokens=manifest["oov_tokens"],
         shards=n_shards,
         bytes=shard_bytes,
@@ -313,21 +315,27 @@ def _save_npy(path: Path, array: np.ndarray) -> tuple[str, int]:
 
 
 def _encode_bucket(job: tuple, encoder: TextEncoder) -> dict:
-    """Shuffle one spill file's sentences and write them as one shard. Tokens are joined by NUL."""
+    """Shuffle one spill file's lines, tokenize them and write them as one shard."""
     spill, shard_dir, seed, k = job
     with open(spill, "rb") as f:
         sentences = f.read().decode("utf-8").split("\n")[:-1]
     os.unlink(spill)
     order = np.random.default_rng([seed, k]).permutation(len(sentences))
     # Distinct tokens in first-occurrence order: vocabulary lookup and character encoding once per type.
+    # Sentences go in chunks through one join/split and C-level dict lookups (no Python loop per token).
     local: dict[str, int] = {}
-    setdefault = local.setdefault
     index = array.array("i")
-    offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
-    for i, j in enumerate(order):
-        toks = sentences[j].split(_SEP)
-        index.extend([setdefault(t, len(local)) for t in toks])
-        offsets[i + 1] = len(index)
+    lengths: list[int] = []
+    tokenize = encoder.tokenize
+    for c0 in range(0, len(order), 2048):
+        tok_lists = [tokenize(sentences[j]) for j in order[c0 : c0 + 2048]]
+        lengths.extend(len(t) for t in tok_lists if t)  # a line may tokenize to nothing: it counts as blank
+        toks = list(itertools.chain.from_iterable(tok_lists))
+        for t in dict.fromkeys(toks):
+            if t not in local:
+                local[t] = len(local)
+        index.extend(map(local.__getitem__, toks))
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
     del sentences
     char_index = np.frombuffer(index, dtype=np.int32) if len(index) else np.zeros(0, dtype=np.int32)
     distinct = list(local)
