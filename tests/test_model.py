@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from elmo_cli.bilm_format import model_to_arrays
@@ -108,3 +109,32 @@ def test_dropout_only_in_training():
     torch.manual_seed(0)
     t1, _, _ = model.lm_hidden(c, c.flip(1))
     assert not torch.allclose(t1, a1)
+
+
+def _conv1d_encoder(enc, chars: torch.Tensor) -> torch.Tensor:
+    """The token encoder the plain way: Conv1d per bank over all W positions, max over valid positions."""
+    x = enc.char_embedding(chars).transpose(1, 2)  # (N, E, W)
+    pooled = []
+    for kern, bias in zip(enc.kernels, enc.biases):  # kern (w, E, n)
+        conv = torch.nn.functional.conv1d(x, kern.permute(2, 1, 0), bias)  # (N, n, W - w + 1)
+        pooled.append(conv.max(dim=2).values)
+    h = torch.cat(pooled, 1)
+    h = torch.relu(h) if enc.config.activation == "relu" else torch.tanh(h)
+    for hw in enc.highways:
+        h = hw(h)
+    return enc.projection(h)
+
+
+@pytest.mark.parametrize("tokens", [["<S>", "a", "bc", "</S>"], ["<S>", "x" * 11, "ab", "</S>"]])
+def test_encoder_and_its_gradients_equal_conv1d_over_all_positions(tokens):
+    """The encoder stops at the first all-padding window and skips the mask when no token is long."""
+    model = _model()
+    enc = model.encoder
+    chars = to_model_chars(ByteChars(max_chars=12).encode_tokens(tokens))
+    out = enc(chars)
+    grads = torch.autograd.grad(out.pow(2).sum(), list(enc.parameters()))
+    ref = _conv1d_encoder(enc, chars)
+    ref_grads = torch.autograd.grad(ref.pow(2).sum(), list(enc.parameters()))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)

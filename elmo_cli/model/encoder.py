@@ -76,12 +76,21 @@ class TokenEncoder(nn.Module):
         `torch.Tensor`, shape `(N, P)`: one embedding per token.
         """
         N, W = chars.shape
-        x = self.char_embedding(chars)  # (N, W, E)
-        x = F.pad(x, (0, 0, 0, self.kmax - 1))  # (N, W + kmax - 1, E)
-        windows = x.unfold(1, self.kmax, 1).reshape(N, W, -1)  # (N, W, E * kmax)
-        conv = windows @ self.kernel_matrix()  # (N, W, F)
-        conv = conv.masked_fill(self.invalid[:W], float("-inf"))
-        pooled = conv.amax(dim=1) + torch.cat(list(self.biases))  # (N, F)
+        # Positions from `n_pos - 1` on read only each token's trailing padding (every token's columns there equal
+        # its last column), so all those windows give the same value: computing up to the first of them gives
+        # the same max. For English text this cuts the 50 positions to ~15-20.
+        constant = (chars == chars[:, -1:]).all(dim=0)  # (W,)
+        trailing = int(constant.flip(0).long().cumprod(0).sum())  # length of the all-constant suffix
+        n_pos = min(W - trailing + 1, W)
+        n_chars = min(n_pos + self.kmax - 1, W)
+        x = self.char_embedding(chars[:, :n_chars])  # (N, n_chars, E)
+        x = F.pad(x, (0, 0, 0, n_pos + self.kmax - 1 - n_chars))  # (N, n_pos + kmax - 1, E)
+        windows = x.unfold(1, self.kmax, 1).reshape(N, n_pos, -1)  # (N, n_pos, E * kmax)
+        conv = windows @ self.kernel_matrix()  # (N, n_pos, F)
+        if n_pos > W - self.kmax + 1:  # only tokens near W characters reach positions a narrower bank lacks
+            conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))
+        # max (not amax): its backward routes each gradient to one position instead of masking all W x F.
+        pooled = conv.max(dim=1).values + torch.cat(list(self.biases))  # (N, F)
         h = F.relu(pooled) if self.config.activation == "relu" else torch.tanh(pooled)
         for hw in self.highways:
             h = hw(h)
