@@ -158,7 +158,9 @@ class StatelessBiLSTM:
     The forward and backward weights of each layer are stacked on a leading axis of 2, so one step of both
     directions is one batched product (``baddbmm``: ``(2, B, P) @ (2, P, 4H)``) instead of two, and the gate columns
     are reordered once to ``i, f, o | j`` so each step takes one sigmoid and one tanh over contiguous blocks. The
-    input product of all T steps is one product before the loop. Same function as `BiLM.embed` without states.
+    input product of all T steps is one product before the loop, and each step works in place on its slice of it.
+    Same function as `BiLM.embed` without states at every token position; the boundary positions (``<S>``,
+    ``</S>``), which the dump drops, are not all computed.
     """
 
     def __init__(self, model: BiLM):
@@ -186,7 +188,7 @@ class StatelessBiLSTM:
         x : token embeddings `(B, T, P)`, each row ``<S> .. </S>`` then padding; lengths : `(B,)`.
 
         # Returns
-        layers `(L+1, B, T, 2P)` as `BiLM.embed` (undefined beyond each row's length).
+        layers `(L+1, B, T, 2P)` as `BiLM.embed` at positions 1 .. length-2 of each row (undefined elsewhere).
         """
         B, T, P = x.shape
         H = self.H
@@ -199,16 +201,21 @@ class StatelessBiLSTM:
             h = x.new_zeros(2, B, P)
             c = x.new_zeros(2, B, H)
             steps = []
-            for xw_t in xw.unbind(1):  # (2, B, 4H)
-                z = torch.baddbmm(xw_t, h, w_rec)
-                gates = torch.sigmoid(z[..., : 3 * H])
-                c = gates[..., H : 2 * H] * c + gates[..., :H] * torch.tanh(z[..., 3 * H :])
+            # In place on this step's slice of xw (not needed afterwards): no new (2, B, 4H) tensor per step.
+            # The last step is skipped: a direction's output at its final boundary token (</S> forward, <S>
+            # backward) feeds nothing that is kept; position T-1 stays undefined like the padding.
+            for z in xw.unbind(1)[: T - 1]:  # (2, B, 4H)
+                z.baddbmm_(h, w_rec)
+                gates = z[..., : 3 * H].sigmoid_()
+                cand = z[..., 3 * H :].tanh_()
+                c = c.mul_(gates[..., H : 2 * H]).addcmul_(gates[..., :H], cand)
                 if self.cell_clip is not None:
-                    c = c.clamp_(-self.cell_clip, self.cell_clip)
-                h = torch.bmm(gates[..., 2 * H :] * torch.tanh(c), w_proj)  # (2, B, P)
+                    c.clamp_(-self.cell_clip, self.cell_clip)
+                h = torch.bmm(torch.tanh(c).mul_(gates[..., 2 * H :]), w_proj)  # (2, B, P)
                 if self.proj_clip is not None:
-                    h = h.clamp_(-self.proj_clip, self.proj_clip)
+                    h.clamp_(-self.proj_clip, self.proj_clip)
                 steps.append(h)
+            steps.append(torch.zeros_like(h))
             out = torch.stack(steps, dim=2)  # (2, B, T, P)
             if self.residual and len(outputs) > 1:
                 out = out + inp
@@ -268,7 +275,13 @@ def zero_states(model: BiLM, batch_size: int, device: torch.device) -> tuple:
 
 
 def slice_states(states: tuple, batch_size: int) -> tuple:
-    return tuple([(h[:batch_size], c[:batch_size]) for h, c in direction] for direction in states)
+    """The carried states for a batch of `batch_size` rows: row b continues row b; extra rows start from zero."""
+    def fit(t: torch.Tensor) -> torch.Tensor:
+        if t.shape[0] >= batch_size:
+            return t[:batch_size]
+        return torch.cat([t, t.new_zeros(batch_size - t.shape[0], *t.shape[1:])])
+
+    return tuple([(fit(h), fit(c)) for h, c in direction] for direction in states)
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:

@@ -233,5 +233,16 @@ def test_batched_directions_equal_bilm_embed(loaded):
         want, _ = loaded.model.embed(torch.empty(B, T, 0, dtype=torch.long), lengths, token_embeddings=x)
         got = StatelessBiLSTM(loaded.model)(x, lengths)
     assert got.shape == want.shape == (3, B, T, 128)
-    for b, n in enumerate(lengths.tolist()):
-        torch.testing.assert_close(got[:, b, :n], want[:, b, :n], atol=1e-5, rtol=0)
+    for b, n in enumerate(lengths.tolist()):  # the boundary positions 0 and n-1 are never dumped
+        torch.testing.assert_close(got[:, b, 1 : n - 1], want[:, b, 1 : n - 1], atol=1e-5, rtol=0)
+
+
+def test_slice_states_cuts_and_pads_with_zeros():
+    from elmo_cli.embed import slice_states
+
+    h, c = torch.ones(2, 3), torch.ones(2, 5)
+    states = ([(h, c)], [(h, c)])
+    small = slice_states(states, 1)
+    assert small[0][0][0].shape == (1, 3) and small[1][0][1].shape == (1, 5)
+    big = slice_states(states, 4)
+    assert big[0][0][0].shape == (4, 3) and big[0][0][0][:2].eq(1).all() and big[0][0][0][2:].eq(0).all()
