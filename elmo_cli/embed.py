@@ -128,7 +128,8 @@ class TokenEmbeddings:
         return out
 
 
-    def lookup(self, tokens: list[str]) -> torch.Tensor:
+    def rows_of(self, tokens: list[str]) -> torch.Tensor:
+        """Rows of `store` holding each token's encoder output (encoding the unknown ones), shape `(n,)`."""
         rows = self.rows
         distinct = dict.fromkeys(tokens)
         missing = [t for t in distinct if t not in rows]
@@ -148,8 +149,11 @@ class TokenEmbeddings:
             for k, t in enumerate(missing):
                 rows[t] = self.n + k
             self.n = need
-        idx = torch.tensor([rows[t] for t in tokens], dtype=torch.long, device=self.device)
-        return self.store.index_select(0, idx)
+        return torch.tensor([rows[t] for t in tokens], dtype=torch.long, device=self.device)
+
+    def lookup(self, tokens: list[str]) -> torch.Tensor:
+        """Encoder outputs of `tokens`, shape `(n, P)`."""
+        return self.store.index_select(0, self.rows_of(tokens))
 
 
 class StatelessBiLSTM:
@@ -182,10 +186,13 @@ class StatelessBiLSTM:
                 ))
 
     @torch.no_grad()
-    def __call__(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, lengths: torch.Tensor,
+                 distinct: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """
         # Parameters
         x : token embeddings `(B, T, P)`, each row ``<S> .. </S>`` then padding; lengths : `(B,)`.
+        distinct : optional ``(emb (U, P), idx (B, T))`` with ``x == emb[idx]``: the first layer's input product
+            is then computed once per distinct token and gathered (a sentence batch repeats most tokens).
 
         # Returns
         layers `(L+1, B, T, 2P)` as `BiLM.embed` at positions 1 .. length-2 of each row (undefined elsewhere).
@@ -196,8 +203,15 @@ class StatelessBiLSTM:
         outputs = [torch.cat([x, x], dim=-1)]
         for w_in, bias, w_rec, w_proj in self.layers:
             # Time-major, so that each step's slice is contiguous.
-            inp_t = inp.transpose(1, 2).reshape(2, T * B, P)  # (2, T * B, P)
-            xw = torch.baddbmm(bias, inp_t, w_in).view(2, T, B, 4 * H)  # (2, T, B, 4H)
+            if distinct is not None and len(outputs) == 1:
+                emb, idx = distinct
+                xw_u = torch.baddbmm(bias, emb.unsqueeze(0).expand(2, -1, -1), w_in)  # (2, U, 4H)
+                idx_t = torch.stack([idx, reverse_padded(idx, lengths)]).transpose(1, 2)  # (2, T, B)
+                xw = torch.stack([xw_u[d].index_select(0, idx_t[d].reshape(-1)) for d in range(2)])
+                xw = xw.view(2, T, B, 4 * H)
+            else:
+                inp_t = inp.transpose(1, 2).reshape(2, T * B, P)  # (2, T * B, P)
+                xw = torch.baddbmm(bias, inp_t, w_in).view(2, T, B, 4 * H)  # (2, T, B, 4H)
             h = x.new_zeros(2, B, P)
             c = x.new_zeros(2, B, H)
             steps = []
@@ -243,12 +257,15 @@ def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]]
         flat.append(EOS_TOKEN)
         pos.extend(range(b * T, b * T + len(s) + 2))
     device = tokens.device
-    x = torch.zeros(B * T, model.config.lstm.projection_dim, device=device)
-    x[torch.tensor(pos, device=device)] = tokens.lookup(flat)
-    x = x.view(B, T, -1)  # (B, T, P)
+    distinct, inverse = torch.unique(tokens.rows_of(flat), return_inverse=True)  # (U,), (N,)
+    idx = torch.zeros(B * T, dtype=torch.long, device=device)  # padding -> any distinct row
+    idx[torch.tensor(pos, device=device)] = inverse
+    idx = idx.view(B, T)
+    emb = tokens.store.index_select(0, distinct)  # (U, P)
+    x = emb[idx]  # (B, T, P)
     lengths = torch.tensor([k + 2 for k in n], device=device)
     if states is None and lstm is not None:
-        layers, new_states = lstm(x, lengths), None
+        layers, new_states = lstm(x, lengths, (emb, idx)), None
     else:
         shape_only = torch.empty(B, T, 0, dtype=torch.long, device=device)  # embed() reads only B, T here
         layers, new_states = model.embed(shape_only, lengths, states=states, token_embeddings=x)
