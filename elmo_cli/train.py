@@ -530,11 +530,12 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
             now = time.monotonic()
             elapsed = now - start
 
-            stop_now = stop.signal is not None or (tc.max_time and elapsed >= tc.max_time)
-            if ddp.enabled:
-                flag = torch.tensor([1.0 if stop_now else 0.0], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                stop_now = bool(flag.item())
+            stop_now = stop.signal is not None or bool(tc.max_time and elapsed >= tc.max_time)
+            due_by_time = bool(tc.checkpoint_minutes and now - last_ckpt_time >= 60 * tc.checkpoint_minutes)
+            if ddp.enabled:  # every process must take the same decisions: stop, and checkpoint by the clock
+                flags = torch.tensor([float(stop_now), float(due_by_time)], device=device)
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                stop_now, due_by_time = bool(flags[0].item()), bool(flags[1].item())
 
             event, vresult = "", None
             if step % tc.log_every == 0 or step == total_steps or stop_now:
@@ -553,12 +554,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
             if tc.validation_every and step % tc.validation_every == 0 and step < total_steps:
                 vresult = validation = validate()
                 event = "validation"
-            due = (tc.checkpoint_every and step - last_ckpt_step >= tc.checkpoint_every) or (
-                tc.checkpoint_minutes and now - last_ckpt_time >= 60 * tc.checkpoint_minutes)
-            if ddp.enabled and tc.checkpoint_minutes:
-                flag = torch.tensor([1.0 if due else 0.0], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                due = bool(flag.item())
+            due = bool(tc.checkpoint_every and step - last_ckpt_step >= tc.checkpoint_every) or due_by_time
             if (due or stop_now) and step < total_steps:
                 last_ckpt_path = checkpoint(elapsed_before + elapsed)
                 last_ckpt_step, last_ckpt_time = step, time.monotonic()
@@ -574,7 +570,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     elapsed = time.monotonic() - start
     if step > last_ckpt_step or last_ckpt_path is None:
         last_ckpt_path = checkpoint(elapsed_before + elapsed)
-    if stopped == "finished" and step >= total_steps and vdataset is not None:
+    if stopped in ("finished", "max_time") and step > resumed_from and vdataset is not None:
         validation = validate()
     if ddp.enabled:
         dist.barrier()

@@ -1,0 +1,93 @@
+"""Training throughput of `tiny` and `small` on this machine, and model FLOPs utilisation against its matmul rate.
+
+MFU = nominal model FLOPs per token x tokens/s / (fp32 matmul FLOP/s measured in this run). Nominal FLOPs count
+2 per multiply-add, the character CNN as if it ran over all W positions of every token (the distinct-token and
+trailing-padding savings are the implementation's, not the model's), 4 LSTMs, the sampled softmax of both
+directions (S + 1 logits each), and training = 3x forward. Tokens/s comes from `elmo_cli.train.train` itself
+(the metrics.jsonl interval after a warm-up interval), over shards of examples/austen_train.txt.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from elmo_cli.config import ModelConfig
+from elmo_cli.train import train
+from elmo_cli.train_config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "examples" / "austen_train.txt"
+
+
+def matmul_rate(n: int = 1024, seconds: float = 2.0) -> float:
+    """Best fp32 FLOP/s of an n x n x n matmul over a few repeats, at torch's current thread count."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    best = 0.0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
+    return best
+
+
+def flops_per_token(model: ModelConfig, negatives: int, vocab_size: int) -> float:
+    """Nominal training FLOPs per token (see the module docstring)."""
+    c, l = model.char_cnn, model.lstm
+    W, E, F, P, H = c.max_characters_per_token, c.embedding_dim, c.n_filters, l.projection_dim, l.dim
+    cnn = sum(2 * (W - w + 1) * w * E * n for w, n in c.filters)
+    highway = c.n_highway * 2 * 2 * F * F
+    projection = 2 * F * P
+    lstms = 2 * l.n_layers * (2 * (P + P) * 4 * H + 2 * H * P)
+    S = min(negatives, vocab_size)
+    softmax = 2 * 2 * (S + 1) * P
+    return 3.0 * (cnn + highway + projection + lstms + softmax)
+
+
+def run_preset(preset: str, shards: Path, work: Path, warmup: int, measured: int, **overrides) -> dict:
+    cfg = load_config(None, preset).with_training(max_steps=warmup + measured, log_every=warmup,
+                                                  checkpoint_every=0, checkpoint_minutes=0, device="cpu",
+                                                  **overrides)
+    run = work / f"run-{preset}"
+    train(cfg, shards, run)
+    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    rate = records[-1]["tokens_per_s"]
+    vocab = sum(1 for _ in open(shards / "vocab.txt", encoding="utf-8"))
+    return {"preset": preset, "tokens_per_s": rate, "batch": cfg.training.batch_size,
+            "negatives": min(cfg.training.n_negative_samples, vocab), "vocab": vocab,
+            "flops_per_token": flops_per_token(cfg.model, cfg.training.n_negative_samples, vocab)}
+
+
+def main() -> None:
+    from vocab.shards import write_shards
+    from vocab.vocabulary import build_vocab
+
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        work = Path(tmp)
+        build_vocab([CORPUS], work / "vocab.txt")
+        write_shards([CORPUS], work / "vocab.txt", work / "shards")
+        threads = torch.get_num_threads()
+        rate = matmul_rate()
+        print(f"fp32 matmul (1024^3, {threads} threads): {rate / 1e9:.0f} GFLOP/s", flush=True)
+        results = [run_preset("tiny", work / "shards", work, warmup=8, measured=24),
+                   run_preset("small", work / "shards", work, warmup=2, measured=6)]
+        rate_after = matmul_rate(seconds=1.0)
+        rate = max(rate, rate_after)  # the better of two measurements: a busy host only ever lowers it
+        print(f"fp32 matmul after the runs: {rate_after / 1e9:.0f} GFLOP/s; using {rate / 1e9:.0f}")
+        for r in results:
+            mfu = r["flops_per_token"] * r["tokens_per_s"] / rate
+            print(f"train {r['preset']:5s}: {r['tokens_per_s']:8.0f} tokens/s  (batch {r['batch']}, "
+                  f"{r['negatives']} negatives of {r['vocab']} words)  nominal {r['flops_per_token'] / 1e6:.0f} "
+                  f"MFLOP/token  -> {r['flops_per_token'] * r['tokens_per_s'] / 1e9:.1f} GFLOP/s, MFU {100 * mfu:.0f}%",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
