@@ -207,7 +207,9 @@ class StatelessBiLSTM:
                 emb, idx = distinct
                 xw_u = torch.baddbmm(bias, emb.unsqueeze(0).expand(2, -1, -1), w_in)  # (2, U, 4H)
                 idx_t = torch.stack([idx, reverse_padded(idx, lengths)]).transpose(1, 2)  # (2, T, B)
-                xw = torch.stack([xw_u[d].index_select(0, idx_t[d].reshape(-1)) for d in range(2)])
+                xw = xw_u.new_empty(2, T * B, 4 * H)
+                for d in range(2):
+                    torch.index_select(xw_u[d], 0, idx_t[d].reshape(-1), out=xw[d])
                 xw = xw.view(2, T, B, 4 * H)
             else:
                 inp_t = inp.transpose(1, 2).reshape(2, T * B, P)  # (2, T * B, P)
@@ -444,7 +446,7 @@ def model_fingerprint(model: BiLM) -> str:
         if name.startswith("softmax"):
             continue
         h.update(name.encode())
-        h.update(np.float64(p.detach().double().sum().item()).tobytes())
+        h.update(np.float64(p.detach().float().sum().item()).tobytes())
     return h.hexdigest()[:16]
 
 
