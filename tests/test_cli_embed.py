@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -132,7 +133,10 @@ def test_export_then_token_cache_then_cached_dump(tmp_path):
 def test_torchrun_two_ranks_write_one_file(tmp_path):
     out = tmp_path / "out.hdf5"
     env = dict(os.environ, OMP_NUM_THREADS="1", ELMO_DIST_BACKEND="gloo")
-    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port", "29631",
+    with socket.socket() as sock:  # a free port, so parallel runs do not collide
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port", str(port),
            "-m", "elmo_cli.cli", "dump-embeddings", str(REFERENCE / "sentences.txt"), str(out), *map(str, MODEL_ARGS),
            "--batch-size", "3"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -145,3 +149,26 @@ def test_torchrun_two_ranks_write_one_file(tmp_path):
         for key in want:
             if key != "sentence_to_index":
                 np.testing.assert_allclose(got[key][...], want[key][...], atol=1e-4, rtol=0)
+
+
+def test_model_dir_with_sentencepiece_tokenizes_with_it(tmp_path):
+    from vocab.vocabulary import spm_path_for, train_sentencepiece
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("options.json", "weights.hdf5"):
+        shutil.copy(REFERENCE / name, model / name)
+    raw = Path(__file__).parent.parent / "examples" / "austen_raw_sample.txt"
+    train_sentencepiece([raw], tmp_path / "sp" / "vocab.txt", vocab_size=300)
+    shutil.copy(spm_path_for(tmp_path / "sp" / "vocab.txt"), model / "spm.model")
+    text = tmp_path / "in.txt"
+    text.write_text("Elinor, who was the eldest daughter.\n", encoding="utf-8")
+    out = tmp_path / "out.hdf5"
+    result, output = _invoke(["dump-embeddings", text, out, "--model", model])
+    assert result.exit_code == 0, output
+    from vocab.tokenize import TextEncoder
+
+    pieces = TextEncoder.from_dir(model).tokenize("Elinor, who was the eldest daughter.")
+    assert len(pieces) > 6  # pieces, not the 6 whitespace tokens
+    with h5py.File(out) as f:
+        assert f["0"].shape == (3, len(pieces), 128)
