@@ -400,21 +400,26 @@ def cli_dump_embeddings(
         first = {}
         columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} lines"),
                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
-        with Progress(*columns, console=err_console, disable=not show, transient=False) as bar:
-            task = bar.add_task("embedding", total=None, rate="")
+        bar = Progress(*columns, console=err_console, disable=not show, transient=False)
+        task = bar.add_task("embedding", total=None, rate="")
 
-            def on_progress(p) -> None:
-                first.setdefault("lines", p.lines)
-                dt = max(time.perf_counter() - start, 1e-9)
-                rate = f"{(p.lines - first['lines']) / dt:,.0f} sent/s {p.tokens / dt:,.0f} tok/s"
-                bar.update(task, completed=p.lines, total=p.total, rate=rate)
+        def on_progress(p) -> None:
+            if "lines" not in first:  # the bar appears once embedding starts, not before a refused start
+                first["lines"] = p.lines
+                bar.start()
+            dt = max(time.perf_counter() - start, 1e-9)
+            rate = f"{(p.lines - first['lines']) / dt:,.0f} sent/s {p.tokens / dt:,.0f} tok/s"
+            bar.update(task, completed=p.lines, total=p.total, rate=rate)
 
+        try:
             result = dump_embeddings(
                 loaded, input, output, layers=layers, mix=weights_mix, gamma=gamma, batch_size=batch_size,
                 dtype=dtype, compression=compression, stateful=stateful, resume=resume, force=force,
                 sentence_index=not no_sentence_index, token_cache=token_cache, errors=errors,
                 on_progress=on_progress, on_warning=lambda m: err_console.print(f"[yellow]warning:[/] {m}",
                                                                                 highlight=False))
+        finally:
+            bar.stop()
         if show:
             dt = time.perf_counter() - start
             resumed = f" (resumed after line {result.resumed_from})" if result.resumed_from else ""
