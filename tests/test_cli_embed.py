@@ -86,6 +86,8 @@ def test_bad_inputs_exit_1_and_leave_no_output(tmp_path):
     assert result.exit_code == 1 and "missing.hdf5: weights file not found" in text
     result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, *MODEL_ARGS, "--mix", "1,2"])
     assert result.exit_code == 1 and "2 weights but this model has 3 layers" in text
+    result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, *MODEL_ARGS, "--threads", "0"])
+    assert result.exit_code == 1 and "--threads must be at least 1" in text
     assert not out.exists()
 
 
