@@ -73,20 +73,28 @@ def main() -> None:
         work = Path(tmp)
         build_vocab([CORPUS], work / "vocab.txt")
         write_shards([CORPUS], work / "vocab.txt", work / "shards")
-        threads = torch.get_num_threads()
-        rate = matmul_rate()
-        print(f"fp32 matmul (1024^3, {threads} threads): {rate / 1e9:.0f} GFLOP/s", flush=True)
-        results = [run_preset("tiny", work / "shards", work, warmup=8, measured=24),
-                   run_preset("small", work / "shards", work, warmup=2, measured=6)]
-        rate_after = matmul_rate(seconds=1.0)
-        rate = max(rate, rate_after)  # the better of two measurements: a busy host only ever lowers it
-        print(f"fp32 matmul after the runs: {rate_after / 1e9:.0f} GFLOP/s; using {rate / 1e9:.0f}")
-        for r in results:
-            mfu = r["flops_per_token"] * r["tokens_per_s"] / rate
-            print(f"train {r['preset']:5s}: {r['tokens_per_s']:8.0f} tokens/s  (batch {r['batch']}, "
-                  f"{r['negatives']} negatives of {r['vocab']} words)  nominal {r['flops_per_token'] / 1e6:.0f} "
-                  f"MFLOP/token  -> {r['flops_per_token'] * r['tokens_per_s'] / 1e9:.1f} GFLOP/s, MFU {100 * mfu:.0f}%",
-                  flush=True)
+        default_threads = torch.get_num_threads()
+        # Both thread counts: on a shared host one busy neighbour makes 2-thread OpenMP regions wait on a
+        # descheduled thread (10x slowdowns seen), while 1 thread only loses its share; compare like with like.
+        for threads in sorted({default_threads, 1}, reverse=True):
+            torch.set_num_threads(threads)
+            rate = matmul_rate()
+            print(f"fp32 matmul (1024^3, {threads} threads): {rate / 1e9:.0f} GFLOP/s", flush=True)
+            results = [run_preset("tiny", work / "shards", work / f"t{threads}", warmup=8, measured=24,
+                                  threads=threads),
+                       run_preset("small", work / "shards", work / f"t{threads}", warmup=2, measured=5,
+                                  threads=threads)]
+            rate_after = matmul_rate(seconds=1.0)
+            rate = max(rate, rate_after)  # the better of two measurements: a busy host only ever lowers it
+            print(f"fp32 matmul after the runs: {rate_after / 1e9:.0f} GFLOP/s; using {rate / 1e9:.0f}")
+            for r in results:
+                mfu = r["flops_per_token"] * r["tokens_per_s"] / rate
+                print(f"train {r['preset']:5s} {threads} threads: {r['tokens_per_s']:7.0f} tokens/s  (batch "
+                      f"{r['batch']}, {r['negatives']} negatives of {r['vocab']} words)  nominal "
+                      f"{r['flops_per_token'] / 1e6:.0f} MFLOP/token -> "
+                      f"{r['flops_per_token'] * r['tokens_per_s'] / 1e9:.1f} GFLOP/s, MFU {100 * mfu:.0f}%",
+                      flush=True)
+        torch.set_num_threads(default_threads)
 
 
 if __name__ == "__main__":
