@@ -490,6 +490,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     last_ckpt_path: Path | None = latest_checkpoint(run_dir) if ckpt is not None else None
     last_ckpt_step, last_ckpt_time = step, time.monotonic()
     interval_loss, interval_steps, interval_tokens, interval_start = 0.0, 0, 0, time.monotonic()
+    interval_fb = [0.0, 0.0]
     recent_rate, last_mean, validation = 0.0, float("nan"), None
     start = time.monotonic()
     stopped = "finished" if step < total_steps else "max_steps"
@@ -508,6 +509,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                                                      batch.bwd_targets, states, tuple(negatives), tuple(tries))
                 loss = (f_loss + b_loss) / 2
             loss_value = float(loss.detach())
+            direction_losses = (float(f_loss.detach()), float(b_loss.detach()))
             if not math.isfinite(loss_value):
                 raise ElmoError(f"the training loss became {loss_value} at step {step + 1}; stopped without "
                                 f"writing. The last good checkpoint is "
@@ -525,6 +527,8 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
             n_tok = batch.n_tokens * ddp.world_size
             tokens_seen += n_tok
             interval_loss += loss_value
+            interval_fb[0] += direction_losses[0]
+            interval_fb[1] += direction_losses[1]
             interval_steps += 1
             interval_tokens += n_tok
             now = time.monotonic()
@@ -545,10 +549,13 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                 log({"kind": "train", "step": step, "epoch": round(step / per_epoch, 4), "tokens": tokens_seen,
                      "train_loss_sampled": round(mean_loss, 5),
                      "train_perplexity_sampled": round(math.exp(min(mean_loss, 50.0)), 3),
+                     "forward_loss_sampled": round(interval_fb[0] / interval_steps, 5),
+                     "backward_loss_sampled": round(interval_fb[1] / interval_steps, 5),
                      "grad_norm": round(grad_norm, 4), "tokens_per_s": round(rate, 1),
                      "elapsed": round(elapsed_before + elapsed, 2)})
                 last_mean = mean_loss
                 interval_loss, interval_steps, interval_tokens, interval_start = 0.0, 0, 0, now
+                interval_fb = [0.0, 0.0]
             elif recent_rate == 0.0:
                 recent_rate = interval_tokens / max(now - interval_start, 1e-9)
             if tc.validation_every and step % tc.validation_every == 0 and step < total_steps:
