@@ -72,7 +72,7 @@ BILM_TF_TRAINING_KEYS = {
 }
 
 TRAINING_PRESETS: dict[str, TrainingConfig] = {
-    # The demo: about 3-5 minutes on 2 CPU cores over examples/austen_train.txt (205k tokens, ~5k-word
+    # The demo: about 3 minutes on 2 quiet CPU cores over examples/austen_train.txt (205k tokens, 8k-word
     # vocabulary). Batch 32 (not 128) gives 4x more updates in the same time, which matters more than batch
     # size this early in training; 1024 negatives (not 8192) because 8192 would be the whole vocabulary
     # (then the "sampled" loss is just the full softmax, 5x the softmax work per step); dropout is kept.
