@@ -38,11 +38,12 @@ class LMBatch:
     bwd_chars: torch.Tensor  # (B, T, W) int64, the backward stream (sentences reversed)
     bwd_targets: torch.Tensor  # (B, T) int64
     n_tokens: int  # target positions that are not padding (per direction)
+    starts: torch.Tensor  # (B, T) bool, True at each sentence's first pair (<S> forward, </S> backward)
 
     def to(self, device: torch.device) -> "LMBatch":
         return LMBatch(self.fwd_chars.to(device, non_blocking=True), self.fwd_targets.to(device, non_blocking=True),
                        self.bwd_chars.to(device, non_blocking=True), self.bwd_targets.to(device, non_blocking=True),
-                       self.n_tokens)
+                       self.n_tokens, self.starts.to(device, non_blocking=True))
 
 
 class SentenceStreams:
@@ -151,6 +152,7 @@ class SentenceStreams:
         bwd_chars = np.zeros((B, T, W), dtype=np.int64)
         fwd_tgt = np.full((B, T), IGNORE, dtype=np.int64)
         bwd_tgt = np.full((B, T), IGNORE, dtype=np.int64)
+        starts = np.zeros((B, T), dtype=bool)
         n_tokens = 0
         for k in range(B):
             t = 0
@@ -163,6 +165,7 @@ class SentenceStreams:
                 f_in, f_tgt, b_in, b_tgt = self._sentence(k)
                 off = int(self._pos[k, 2])
                 m = min(T - t, len(f_tgt) - off)
+                starts[k, t] = off == 0
                 fwd_chars[k, t : t + m] = f_in[off : off + m] + 1
                 bwd_chars[k, t : t + m] = b_in[off : off + m] + 1
                 fwd_tgt[k, t : t + m] = f_tgt[off : off + m]
@@ -174,7 +177,7 @@ class SentenceStreams:
                 else:
                     self._pos[k, 2] = off + m
         return LMBatch(torch.from_numpy(fwd_chars), torch.from_numpy(fwd_tgt), torch.from_numpy(bwd_chars),
-                       torch.from_numpy(bwd_tgt), n_tokens)
+                       torch.from_numpy(bwd_tgt), n_tokens, torch.from_numpy(starts))
 
 
 def steps_per_epoch(total_tokens: int, batch_size: int, unroll_steps: int, world_size: int = 1) -> int:

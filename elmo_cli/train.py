@@ -28,7 +28,8 @@ from torch import nn
 from elmo_cli.bilm_format import load_bilm, resolve_model_files, save_model_dir
 from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from elmo_cli.data import IGNORE, LMBatch, SentenceStreams, steps_per_epoch
-from elmo_cli.loading import resolve_device
+from elmo_cli.evaluate import evaluate
+from elmo_cli.loading import LoadedModel, resolve_device
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
@@ -113,17 +114,19 @@ class BiLMLoss(nn.Module):
 
     def forward(self, fwd_chars: torch.Tensor, bwd_chars: torch.Tensor, fwd_targets: torch.Tensor,
                 bwd_targets: torch.Tensor, states: tuple, negatives: tuple[torch.Tensor, torch.Tensor],
-                tries: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+                tries: tuple[int, int], starts: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """
         # Parameters
         fwd_chars, bwd_chars : `(B, T, W)` prediction-form ids; fwd_targets, bwd_targets : `(B, T)`.
         states : carried `(forward, backward)` LSTM states or `(None, None)`.
         negatives : each direction's sampled ids `(S,)`; tries : their draw counts.
+        starts : `(B, T)` bool, sentence starts where the states are zeroed, or None to carry them through (bilm-tf).
 
         # Returns
         forward loss, backward loss (scalars), the new states.
         """
-        f_top, b_top, new_states = self.bilm.lm_hidden(fwd_chars, bwd_chars, states)
+        f_top, b_top, new_states = self.bilm.lm_hidden(fwd_chars, bwd_chars, states, starts)
         P = f_top.shape[-1]
         softmax = self.bilm.softmax
         f_loss = softmax.sampled_loss(f_top.reshape(-1, P), fwd_targets.reshape(-1), negatives[0], tries[0])
@@ -248,39 +251,17 @@ def _init_from(model: BiLM, model_dir: Path, encoder: TextEncoder, reset_softmax
     return notes
 
 
-@torch.no_grad()
-def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, unroll_steps: int,
-                          device: torch.device, max_tokens: int = 0, autocast_dtype: torch.dtype | None = None
-                          ) -> dict:
-    """Full-softmax perplexity of both directions over one pass of `dataset` (states carried, no dropout).
+def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, device: torch.device) -> dict:
+    """Full-softmax perplexity of both directions on held-out shards, exactly as `elmo-cli evaluate` computes it
+    (stateless: every sentence from zero state, no dropout), so the two numbers can be compared.
 
     # Returns
     ``{"forward_perplexity", "backward_perplexity", "average_perplexity" (mean of the two, as the paper),
     "tokens"}``.
     """
-    was_training = model.training
-    model.eval()
-    streams = SentenceStreams(dataset, range(batch_size), batch_size, shuffle=False, finite=True)
-    nll = [0.0, 0.0]
-    n = 0
-    states: tuple = (None, None)
-    try:
-        while not streams.exhausted and (not max_tokens or n < max_tokens):
-            batch = streams.next_batch(unroll_steps).to(device)
-            if batch.n_tokens == 0:
-                break
-            with _autocast(device, autocast_dtype):
-                f_top, b_top, states = model.lm_hidden(batch.fwd_chars, batch.bwd_chars, states)
-            for d, (top, tgt) in enumerate(((f_top, batch.fwd_targets), (b_top, batch.bwd_targets))):
-                keep = tgt.reshape(-1) != IGNORE
-                h = top.reshape(-1, top.shape[-1])[keep].float()
-                nll[d] -= float(model.softmax.log_probs(h, tgt.reshape(-1)[keep]).double().sum())
-            n += batch.n_tokens
-    finally:
-        model.train(was_training)
-    fwd, bwd = math.exp(nll[0] / max(n, 1)), math.exp(nll[1] / max(n, 1))
-    return {"forward_perplexity": fwd, "backward_perplexity": bwd, "average_perplexity": (fwd + bwd) / 2,
-            "tokens": n}
+    result = evaluate(LoadedModel(model, dataset.encoder, None, device), [dataset.directory], batch_size=batch_size)
+    return {"forward_perplexity": result.forward_perplexity, "backward_perplexity": result.backward_perplexity,
+            "average_perplexity": result.average_perplexity, "tokens": result.tokens}
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -479,7 +460,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     def validate() -> dict | None:
         if vdataset is None or not ddp.main:
             return None
-        result = validation_perplexity(model, vdataset, B, T, device, tc.validation_max_tokens, autocast_dtype)
+        result = validation_perplexity(model, vdataset, max(B, 64), device)
         log({"kind": "validation", "step": step, **{k: round(v, 4) if isinstance(v, float) else v
                                                       for k, v in result.items()}, "softmax": "full"})
         return result
@@ -506,7 +487,8 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                 tries.append(n_tries)
             with _autocast(device, autocast_dtype):
                 f_loss, b_loss, new_states = wrapped(batch.fwd_chars, batch.bwd_chars, batch.fwd_targets,
-                                                     batch.bwd_targets, states, tuple(negatives), tuple(tries))
+                                                     batch.bwd_targets, states, tuple(negatives), tuple(tries),
+                                                     batch.starts if tc.reset_state_per_sentence else None)
                 loss = (f_loss + b_loss) / 2
             loss_value = float(loss.detach())
             direction_losses = (float(f_loss.detach()), float(b_loss.detach()))

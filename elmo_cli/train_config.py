@@ -30,6 +30,10 @@ class TrainingConfig:
     initial_accumulator: float = 1.0  # Adagrad's initial_accumulator_value
     clip_norm: float = 10.0  # global gradient-norm clip (all_clip_norm_val)
     dropout: float = 0.1
+    # Zero the LSTM states where each sentence starts. bilm-tf carried them from one sentence into the next, so its
+    # models almost never saw a zero state, yet allennlp and elmo-cli embed and score every sentence from zero
+    # state. Resetting trains the model for the way it is used; false gives bilm-tf's behaviour exactly.
+    reset_state_per_sentence: bool = True
     n_negative_samples: int = 8192  # per direction and step; >= vocabulary size means the full softmax
     epochs: float = 10.0  # epochs of the manifest's token count: steps = epochs * total_tokens / (B * T * ranks)
     max_steps: int = 0  # when > 0, the run length in steps (instead of `epochs`)
@@ -43,7 +47,6 @@ class TrainingConfig:
     checkpoint_minutes: float = 30.0  # also checkpoint after this many minutes; 0 = off
     keep_checkpoints: int = 3
     validation_every: int = 0  # steps; 0 = validate only at the end (when a validation set is given)
-    validation_max_tokens: int = 0  # cap on validation tokens per evaluation; 0 = the whole set
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
 
     def validate(self, source: str = "config") -> None:
@@ -55,7 +58,7 @@ class TrainingConfig:
             if not getattr(self, name) > 0:
                 raise ElmoError(f"{source}: training.{name} must be positive, got {getattr(self, name)}")
         nonneg = ("initial_accumulator", "clip_norm", "max_steps", "max_time", "checkpoint_every",
-                  "checkpoint_minutes", "validation_every", "validation_max_tokens", "threads")
+                  "checkpoint_minutes", "validation_every", "threads")
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ElmoError(f"{source}: training.{name} must be >= 0, got {getattr(self, name)}")

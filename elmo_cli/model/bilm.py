@@ -90,18 +90,21 @@ class BiLM(nn.Module):
     # ---- language modelling -------------------------------------------------------------------------------------
     def lm_hidden(self, fwd_chars: torch.Tensor, bwd_chars: torch.Tensor,
                   states: tuple[list[State] | None, list[State] | None] = (None, None),
+                  starts: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[State], list[State]]]:
         """Top-layer outputs of both directions over two streams (the backward stream already reversed).
 
         # Parameters
         fwd_chars, bwd_chars : prediction-form ids, shape `(B, T, W)` each.
         states : the carried `(forward, backward)` states, or None for zeros.
+        starts : optional bool `(B, T)`, True where a sentence starts in both streams (they run in lockstep): the
+            states are zeroed there, so every sentence is modelled from zero state as it is embedded and scored.
 
         # Returns
         forward top `(B, T, P)`, backward top `(B, T, P)` (output dropout applied in training), new states.
         """
         B = fwd_chars.shape[0]
         both = self.encoder.forward_distinct(torch.cat([fwd_chars, bwd_chars], dim=0))  # (2B, T, P)
-        f_out, f_states = self.forward_lstm(both[:B], states[0])
-        b_out, b_states = self.backward_lstm(both[B:], states[1])
+        f_out, f_states = self.forward_lstm(both[:B], states[0], reset=starts)
+        b_out, b_states = self.backward_lstm(both[B:], states[1], reset=starts)
         return self.output_dropout(f_out[-1]), self.output_dropout(b_out[-1]), (f_states, b_states)

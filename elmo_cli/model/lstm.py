@@ -51,14 +51,15 @@ class ProjectedLSTMLayer(nn.Module):
         return (torch.zeros(batch_size, self.projection_dim, device=device, dtype=dtype),
                 torch.zeros(batch_size, self.dim, device=device, dtype=dtype))
 
-    def forward(self, x: torch.Tensor, state: State | None = None, mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, State]:
+    def forward(self, x: torch.Tensor, state: State | None = None, mask: torch.Tensor | None = None,
+                reset: torch.Tensor | None = None) -> tuple[torch.Tensor, State]:
         """
         # Parameters
         x : shape `(B, T, D)`.
         state : `(h (B, P), c (B, H))`, zeros when None.
         mask : optional bool `(B, T)`; where False the state is carried through unchanged (right padding), so the
             returned state is the one after each row's last valid step.
+        reset : optional bool `(B, T)`; where True the state is zeroed before that step (a sentence starts there).
 
         # Returns
         outputs `(B, T, P)` (undefined where mask is False) and the final state.
@@ -66,7 +67,7 @@ class ProjectedLSTMLayer(nn.Module):
         B, T, _ = x.shape
         if state is None:
             state = self.zero_state(B, x.device, x.dtype)
-        if self.cell_clip is None and self.proj_clip is None and mask is None:
+        if self.cell_clip is None and self.proj_clip is None and mask is None and reset is None:
             return self._fused(x, state)
         H = self.dim
         xw = F.linear(x, self.input_weight, self.bias + self.forget_bias)  # (B, T, 4H)
@@ -74,8 +75,11 @@ class ProjectedLSTMLayer(nn.Module):
         w_rec, w_proj = self.recurrent_weight.t(), self.projection_weight.t()
         outputs = []
         steps_mask = mask.unsqueeze(-1).unbind(1) if mask is not None else [None] * T
+        steps_keep = (~reset).unsqueeze(-1).to(x.dtype).unbind(1) if reset is not None else [None] * T  # (B, 1)
         # unbind, not xw[:, t]: indexing makes autograd build a full-size zero gradient per step.
-        for xw_t, m_t in zip(xw.unbind(1), steps_mask):
+        for xw_t, m_t, keep_t in zip(xw.unbind(1), steps_mask, steps_keep):
+            if keep_t is not None:
+                h, c = h * keep_t, c * keep_t
             z = torch.addmm(xw_t, h, w_rec)  # (B, 4H)
             i, j, f, o = z.split(H, dim=1)
             c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
@@ -120,20 +124,20 @@ class LSTMStack(nn.Module):
         ])
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, states: list[State] | None = None, mask: torch.Tensor | None = None
-                ) -> tuple[list[torch.Tensor], list[State]]:
+    def forward(self, x: torch.Tensor, states: list[State] | None = None, mask: torch.Tensor | None = None,
+                reset: torch.Tensor | None = None) -> tuple[list[torch.Tensor], list[State]]:
         """
         # Parameters
         x : token embeddings, shape `(B, T, P)`.
         states : one `(h, c)` per layer, or None for zeros.
-        mask : optional bool `(B, T)`, see `ProjectedLSTMLayer.forward`.
+        mask, reset : optional bool `(B, T)`, see `ProjectedLSTMLayer.forward`.
 
         # Returns
         a list of L outputs of shape `(B, T, P)` and the list of final states.
         """
         outputs, new_states = [], []
         for l, layer in enumerate(self.layers):
-            out, st = layer(self.dropout(x), None if states is None else states[l], mask)
+            out, st = layer(self.dropout(x), None if states is None else states[l], mask, reset)
             if l > 0 and self.residual:
                 out = out + x
             outputs.append(out)
