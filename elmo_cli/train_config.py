@@ -80,9 +80,11 @@ TRAINING_PRESETS: dict[str, TrainingConfig] = {
     # size this early in training; 1024 negatives (not 8192) because 8192 would be the whole vocabulary
     # (then the "sampled" loss is just the full softmax, 5x the softmax work per step); dropout is kept.
     # lr 0.6, not 0.2: Adagrad with initial accumulator 1 takes tiny steps while gradients are small, and the demo
-    # has 640 steps, not bilm-tf's hundreds of thousands. Measured on the demo (held-out full-softmax perplexity,
-    # forward/backward, after 640 steps): 5,116-word vocabulary: lr 0.2 -> 244/272, 0.6 -> 198/205, 1.0 -> 154/218;
-    # default 8,154-word vocabulary: 0.6 -> 283/290, 1.0 -> 262/673 (the backward direction degraded); 2.0 diverged.
+    # has 640 steps, not bilm-tf's hundreds of thousands. Chosen on the demo (held-out full-softmax perplexity,
+    # forward/backward, after 640 steps, measured with states carried across sentences): 5,116-word vocabulary:
+    # lr 0.2 -> 244/272, 0.6 -> 198/205, 1.0 -> 154/218; 8,154-word vocabulary: 0.6 -> 283/290, 1.0 -> 262/673 (the
+    # backward direction degraded); 2.0 diverged. With the per-sentence state reset, `make demo` (lr 0.6) ends at
+    # 281/290, stateless, against 511 for an add-one unigram model of the training text.
     "tiny": TrainingConfig(batch_size=32, unroll_steps=20, lr=0.6, n_negative_samples=1024, epochs=2.0,
                            checkpoint_every=200, validation_every=0, log_every=10),
     "small": TrainingConfig(),

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo-cli}
 OUT=${OUT:-demo-out}
-TRAIN_TIME=${TRAIN_TIME:-4m}
+TRAIN_TIME=${TRAIN_TIME:-10m}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
@@ -19,7 +19,7 @@ step "2. character-id shards (training and held-out)"
 $ELMO shard examples/austen_train.txt --vocab "$OUT/vocab.txt" --output "$OUT/train" --tokens-per-shard 100000
 $ELMO shard examples/austen_heldout.txt --vocab "$OUT/vocab.txt" --output "$OUT/heldout"
 
-step "3. train the tiny biLM (stops after $TRAIN_TIME with a checkpoint; rerun with --resume to continue)"
+step "3. train the tiny biLM (2 epochs; at most $TRAIN_TIME, then a checkpoint: rerun with --resume to continue)"
 $ELMO train --preset tiny --data "$OUT/train" --validation "$OUT/heldout" --output "$OUT/run" --max-time "$TRAIN_TIME"
 
 step "4. contextual embeddings of the first 200 held-out sentences (bilm-tf / allennlp layout)"
