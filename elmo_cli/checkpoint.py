@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from vocab.errors import ElmoError
+from vocab.text import fsync_dir
 
 FORMAT_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
@@ -43,19 +44,6 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(run_dir: Path, step: int, payload: dict[str, Any], keep: int = 3) -> Path:
     """Write ``payload`` (plus format_version and step) atomically, then delete all but the newest ``keep``."""
     path = checkpoint_path(run_dir, step)
@@ -66,7 +54,7 @@ def save_checkpoint(run_dir: Path, step: int, payload: dict[str, Any], keep: int
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path

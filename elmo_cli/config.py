@@ -7,12 +7,12 @@ plus `tiny`, the 2-CPU-core demo model.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vocab.errors import ElmoError
+from vocab.text import read_json
 
 # Keys bilm-tf writes at the top level of options.json that describe training, not the network.
 TRAINING_OPTION_KEYS = {
@@ -142,13 +142,9 @@ class ModelConfig:
 
 
 def load_options(path: Path) -> ModelConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ElmoError(f"{path}: options file not found")
-    try:
-        options = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ElmoError(f"{path}: not valid JSON ({e})")
+    options = read_json(path, "options file")
+    if not isinstance(options, dict):
+        raise ElmoError(f"{path}: options must be a JSON object")
     return ModelConfig.from_options(options, source=str(path))
 
 

@@ -35,6 +35,7 @@ from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
 from elmo_cli.train_config import RunConfig, build_config, save_config
 from vocab.errors import ElmoError
+from vocab.text import read_json
 from vocab.shards import ShardDataset
 from vocab.tokenize import TextEncoder
 
@@ -211,12 +212,7 @@ def resume_config(run_dir: Path) -> RunConfig:
     if latest_checkpoint(run_dir) is None:
         raise ElmoError(f"{run_dir}: nothing to resume (no checkpoints/step-*.pt); start the run without --resume")
     path = run_dir / CONFIG_FILE
-    if not path.is_file():
-        raise ElmoError(f"{path}: missing; {run_dir} has checkpoints but no config.json")
-    try:
-        user = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ElmoError(f"{path}: not valid JSON ({e})") from None
+    user = read_json(path, f"run configuration (the checkpoints of {run_dir} need it)")
     return build_config(user, "tiny", source=str(path))
 
 

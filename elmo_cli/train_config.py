@@ -18,6 +18,7 @@ from typing import Any
 
 from elmo_cli.config import MODEL_PRESETS, TRAINING_OPTION_KEYS, ModelConfig
 from vocab.errors import ElmoError
+from vocab.text import read_json
 
 
 @dataclass(frozen=True)
@@ -192,12 +193,7 @@ def load_config(path: Path | None = None, preset: str | None = None) -> RunConfi
     user = None
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ElmoError(f"{path}: config file not found")
-        try:
-            user = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ElmoError(f"{path}: not valid JSON ({e})") from None
+        user = read_json(path, "config file")
         if not isinstance(user, dict):
             raise ElmoError(f"{path}: the config must be a JSON object")
     return build_config(user, preset or "tiny", source=str(path) if path else "config")

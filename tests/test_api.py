@@ -12,12 +12,7 @@ import torch
 REFERENCE = Path(__file__).parent / "data" / "reference"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_import_is_light():

@@ -20,12 +20,7 @@ MODEL_ARGS = ["--options", str(REFERENCE / "options.json"), "--weights", str(REF
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _invoke(args):

@@ -219,13 +219,10 @@ def save_chars(chars: ByteChars | CodepointChars, path: str | Path) -> None:
 
 def read_chars(path: str | Path) -> ByteChars | CodepointChars:
     """Read a ``chars.json`` file."""
+    from vocab.text import read_json
+
     path = Path(path)
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ElmoError(f"{path}: character settings file not found") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ElmoError(f"{path}: not a valid chars.json ({e})") from None
+    obj = read_json(path, "character settings file (chars.json)")
     try:
         return load_chars(obj)
     except ElmoError as e:

@@ -42,7 +42,7 @@ import numpy as np
 
 from vocab.chars import CHAR_DTYPE, MAX_CHARS, CodepointChars, save_chars
 from vocab.errors import ElmoError
-from vocab.text import STDIN, atomic_write_bytes, expand_paths, read_lines
+from vocab.text import STDIN, atomic_write_bytes, expand_paths, read_json, read_lines
 from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE, TextEncoder
 from vocab.vocabulary import Vocabulary
 
@@ -514,10 +514,7 @@ def _read_manifest(directory: Path) -> dict:
         raise ElmoError(f"{directory}: no such shard directory")
     if not path.is_file():
         raise ElmoError(f"{path}: missing; not a shard directory, or `elmo-cli shard` did not finish (re-run it)")
-    try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ElmoError(f"{path}: corrupt manifest ({e})") from None
+    m = read_json(path, "manifest")
     if not isinstance(m, dict):
         raise ElmoError(f"{path}: corrupt manifest (not a JSON object)")
     for key, typ in _REQUIRED.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import json
 import os
 import sys
 import zlib
@@ -157,3 +158,14 @@ def fsync_dir(directory: str | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> object:
+    """Parse a small JSON file; a missing file or invalid JSON is an ElmoError naming the file and `what` it is."""
+    path = Path(path)
+    if not path.is_file():
+        raise ElmoError(f"{path}: {what} not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ElmoError(f"{path}: corrupt {what}, not valid JSON ({e})") from None
