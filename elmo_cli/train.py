@@ -10,6 +10,7 @@ vocab.txt, chars.json, spm.model when used) plus config.json, metrics.jsonl and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from elmo_cli.bilm_format import load_bilm, resolve_model_files, save_model_dir
+from elmo_cli.config import load_options
 from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from elmo_cli.data import IGNORE, LMBatch, SentenceStreams, steps_per_epoch
 from elmo_cli.evaluate import evaluate
@@ -196,8 +198,6 @@ def open_shards(directory: Path, what: str = "--data") -> ShardDataset:
 
 def fit_to_data(config: RunConfig, dataset: ShardDataset) -> RunConfig:
     """Set the character table size and token width from the shards' character encoder."""
-    import dataclasses
-
     chars = dataset.chars
     cnn = dataclasses.replace(config.model.char_cnn, n_characters=chars.n_characters + 1,
                               max_characters_per_token=chars.max_chars)
@@ -352,6 +352,10 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
             raise ElmoError(f"--validation: {e} (the training shards' vocabulary); shard both with one vocabulary")
         if vdataset.chars.to_json() != dataset.chars.to_json():
             raise ElmoError(f"--validation: {validation_dir} uses other characters than {data_dir}")
+    if init_from is not None and not resume:
+        # Fine-tuning keeps the trained network's shape: the architecture comes from MODEL_DIR/options.json.
+        init_options, _, _ = resolve_model_files(Path(init_from), None, None)
+        config = dataclasses.replace(config, model=load_options(init_options))
     config = fit_to_data(config, dataset)
 
     if ddp.main:
@@ -385,8 +389,6 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     notes: list[str] = []
     if init_from is not None and ckpt is None:
         notes += _init_from(model, Path(init_from), dataset.encoder, reset_softmax)
-        import dataclasses
-        config = dataclasses.replace(config, model=model.config)
     model.to(device)
     loss_module = BiLMLoss(model)
     if ddp.enabled:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import math
 import os
 import signal
@@ -193,6 +194,21 @@ def test_init_from_maps_softmax_rows_by_word(shards, tmp_path):
     r = train(tiny_config(max_steps=3), tmp_path / "domain", tmp_path / "tuned", init_from=tmp_path / "base",
               reset_softmax=True)
     assert r.step == 3 and "afresh" in r.notes[0]
+
+
+def test_init_from_published_files_takes_their_architecture(shards, reference_dir, tmp_path):
+    """A bilm-tf model (options.json + weights.hdf5, no softmax) fine-tunes whatever the preset's shape."""
+    _, train_dir, _ = shards
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in ("options.json", "weights.hdf5"):
+        shutil.copy(reference_dir / name, published / name)
+    r = train(tiny_config(max_steps=2), train_dir, tmp_path / "tuned", init_from=published)
+    assert r.step == 2 and "no softmax.hdf5" in r.notes[0]
+    tuned = load_model(tmp_path / "tuned").model
+    src = load_model(published).model
+    assert tuned.config.lstm == src.config.lstm and tuned.config.char_cnn.filters == src.config.char_cnn.filters
+    assert tuned.softmax is not None
 
 
 def test_bf16_autocast_trains_on_cpu(shards, tmp_path):
