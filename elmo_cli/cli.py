@@ -78,6 +78,8 @@ def cli_build_vocab(
     sentencepiece: bool = typer.Option(False, "--sentencepiece", help="Train a SentencePiece model on raw text."),
     vocab_size: Optional[int] = typer.Option(None, help="SentencePiece vocabulary size (with --sentencepiece)."),
     model_type: str = typer.Option("unigram", help="SentencePiece model: unigram or bpe."),
+    character_coverage: float = typer.Option(0.9995, help="SentencePiece: share of characters the pieces must "
+                                             "cover (lower it for scripts with many rare characters)."),
     seed: int = typer.Option(0, help="SentencePiece sampling seed."),
 ) -> None:
     """Count whitespace tokens (one sentence per line) and write VOCAB (specials first, then by descending count,
@@ -92,7 +94,7 @@ def cli_build_vocab(
             with console.status("training SentencePiece"):
                 stats = train_sentencepiece(
                     corpus, output, vocab_size=vocab_size, model_type=model_type, seed=seed,
-                    projection_dim=projection_dim, errors=errors,
+                    character_coverage=character_coverage, projection_dim=projection_dim, errors=errors,
                 )
         else:
             if vocab_size is not None:

@@ -312,7 +312,13 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as e:
-        raise ElmoError(f"{files[0]}: SentencePiece training failed: {str(e).splitlines()[0]}") from None
+        msg = str(e).splitlines()[0]
+        if "smaller than required_chars" in msg:  # point at our options, not SentencePiece's own flags
+            need = msg.split(" vs ")[-1].split(".")[0] if " vs " in msg else "more"
+            raise ElmoError(f"{files[0]}: --vocab-size {vocab_size} is smaller than the {need} distinct characters "
+                            f"SentencePiece must keep; raise --vocab-size or lower --character-coverage "
+                            f"(now {character_coverage})") from None
+        raise ElmoError(f"{files[0]}: SentencePiece training failed: {msg}") from None
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = Vocabulary([sp.id_to_piece(i) for i in range(sp.get_piece_size())], source=str(output))
     assert vocab.tokens[:3] == list(SPECIALS), vocab.tokens[:3]
