@@ -113,7 +113,11 @@ class SharedSoftmax(nn.Module):
         h32 = h.float()
         lse = torch.full((h.shape[0],), float("-inf"), device=h.device)
         for start in range(0, self.vocab_size, chunk_size):
-            logits = h32 @ self.weight[start : start + chunk_size].float().t() + self.bias[start : start + chunk_size].float()
-            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+            w = self.weight[start : start + chunk_size].float()
+            logits = torch.addmm(self.bias[start : start + chunk_size].float(), h32, w.t())  # (N, chunk)
+            # logsumexp in place: one buffer per chunk, no temporaries the size of the logits
+            top = logits.amax(dim=1, keepdim=True)  # (N, 1)
+            chunk_lse = logits.sub_(top).exp_().sum(dim=1).log_() + top.squeeze(1)
+            lse = torch.logaddexp(lse, chunk_lse)
         true_logit = (h32 * self.weight[targets].float()).sum(-1) + self.bias[targets].float()
         return true_logit - lse
