@@ -48,48 +48,6 @@ class DumpResult:
     resumed_from: int
 
 
-@torch.no_grad()
-def encode_chars(encoder, chars: torch.Tensor, n_used: int, pad_id: int) -> torch.Tensor:
-    """`TokenEncoder.forward` computing the convolutions only where a window touches a real character.
-
-    Every token row is ``[BOW, c_1 .. c_k, EOW, PAD, PAD, ...]``. A window lying wholly in the PAD tail has the same
-    value for every token (``const``, one per filter), so the max over positions is the max over the first
-    ``n_used`` (= the longest ``k + 2`` in the batch) start positions, and ``const`` wherever the token leaves room
-    for a whole window of padding (``k + 2 <= W - width``). Same result as the full convolution over W = 50
-    positions, at a fraction of the work for ordinary words.
-
-    # Parameters
-    chars : prediction-form ids `(N, W)`, no all-zero rows.  n_used : max over rows of ``k + 2``.
-    pad_id : the prediction-form id of the PAD character (raw 260 + 1 in byte mode).
-
-    # Returns
-    `(N, P)`.
-    """
-    N, W = chars.shape
-    kmax = encoder.kmax
-    S = min(W, n_used)  # start positions computed
-    ids = chars[:, : S + kmax - 1]  # (N, <= S + kmax - 1)
-    if ids.shape[1] < S + kmax - 1:  # windows running past W: any finite filler, those positions are masked
-        ids = torch.cat([ids, ids.new_full((N, S + kmax - 1 - ids.shape[1]), pad_id)], dim=1)
-    windows = encoder.char_embedding(ids).unfold(1, kmax, 1).reshape(N, S, -1)  # (N, S, E * kmax)
-    kernel = encoder.kernel_matrix()  # (E * kmax, F)
-    conv = windows @ kernel  # (N, S, F)
-    if S > W - kmax + 1:  # some start positions run past position W-1 for the wider banks
-        conv = conv.masked_fill(encoder.invalid[:S], float("-inf"))
-    pooled = conv.amax(dim=1)  # (N, F)
-    # The all-PAD window's value, used for tokens short enough to leave room for one (per bank width).
-    pad_window = encoder.char_embedding(ids.new_full((kmax,), pad_id)).t().reshape(1, -1)  # (1, E * kmax)
-    const = pad_window @ kernel  # (1, F)
-    widths = torch.cat([torch.full((n,), w, device=chars.device) for w, n in encoder.config.filters])  # (F,)
-    n_real = (chars != pad_id).sum(dim=1, keepdim=True)  # (N, 1) = k + 2
-    room = n_real <= (W - widths).unsqueeze(0)  # (N, F)
-    pooled = torch.where(room, torch.maximum(pooled, const), pooled) + torch.cat(list(encoder.biases))
-    h = torch.relu(pooled) if encoder.config.activation == "relu" else torch.tanh(pooled)
-    for hw in encoder.highways:
-        h = hw(h)
-    return encoder.projection(h)
-
-
 # ---- token encoder outputs by token string ------------------------------------------------------------------------
 class TokenEmbeddings:
     """Encoder outputs ``(P,)`` by token string: fixed rows from a token cache plus a bounded memo of the rest.
@@ -113,7 +71,8 @@ class TokenEmbeddings:
 
     @torch.no_grad()
     def encode(self, tokens: list[str]) -> torch.Tensor:
-        """The encoder on `tokens`, shape `(n, P)`: chunks of similar length, see `encode_chars`."""
+        """The encoder on `tokens`, shape `(n, P)`, in chunks of similar length (the encoder computes only the
+        windows up to the longest token of its input, see `TokenEncoder.forward`)."""
         if not tokens:
             return self.store[:0]
         raw = self.chars.encode_tokens(tokens)  # (n, W)
@@ -123,8 +82,7 @@ class TokenEmbeddings:
         for s in range(0, len(tokens), ENCODER_CHUNK):
             idx = order[s : s + ENCODER_CHUNK]
             chars = to_model_chars(raw[idx]).to(self.device)
-            out[torch.from_numpy(idx).to(self.device)] = encode_chars(
-                self.model.encoder, chars, int(n_chars[idx].max()), self.chars.pad_char + 1)
+            out[torch.from_numpy(idx).to(self.device)] = self.model.encoder(chars)
         return out
 
 

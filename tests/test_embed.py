@@ -195,25 +195,19 @@ def test_invalid_utf8_leaves_no_output(loaded, tmp_path):
     assert not out.exists()
 
 
-def test_windowed_char_cnn_equals_full_convolution(loaded):
-    """encode_chars skips all-padding windows; tokens of every length up to past the 48-byte cut agree."""
-    from elmo_cli.embed import encode_chars
+def test_char_cnn_alone_equals_together(loaded):
+    """The encoder cuts its windows at the longest token of its input: a token alone and in a batch of tokens of
+    every length up to past the 48-byte cut get the same vector."""
     from elmo_cli.model import to_model_chars
 
     chars = loaded.text.chars
     tokens = ["<S>", "</S>", "a", "of", "naïve", "北京", "🙂", "x" * 44, "x" * 45, "y" * 47, "z" * 48, "w" * 60,
               "é" * 24, "東" * 17, "<UNK>", "tab\there"]
-    raw = chars.encode_tokens(tokens)
-    ids = to_model_chars(raw)
+    ids = to_model_chars(chars.encode_tokens(tokens))
     with torch.no_grad():
-        full = loaded.model.encoder(ids)
-        for k in range(len(tokens)):  # alone, with n_used = its own length
-            n_used = int((raw[k] != chars.pad_char).sum())
-            got = encode_chars(loaded.model.encoder, ids[k : k + 1], n_used, chars.pad_char + 1)
-            torch.testing.assert_close(got, full[k : k + 1], atol=1e-5, rtol=0)
-        together = encode_chars(loaded.model.encoder, ids, int((raw != chars.pad_char).sum(1).max()),
-                                chars.pad_char + 1)
-    torch.testing.assert_close(together, full, atol=1e-5, rtol=0)
+        together = loaded.model.encoder(ids)
+        for k in range(len(tokens)):
+            torch.testing.assert_close(loaded.model.encoder(ids[k : k + 1]), together[k : k + 1], atol=1e-5, rtol=0)
 
 
 def test_batched_directions_equal_bilm_embed(loaded):
