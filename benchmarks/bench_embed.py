@@ -149,6 +149,17 @@ def run_config(name: str, sentences: list[list[str]], tmp: Path, text_file: Path
     return {"name": name, "tokens": n_tokens, "diff": diff, "times": times, "bytes_per_token": sizes}
 
 
+def recurrent_step_rate(batch: int = BATCH, proj: int = 512, dim: int = 4096, repeats: int = 20) -> float:
+    """GFLOP/s of one LSTM step's recurrent product at the `original` shape, ``(B, P) @ (P, 4H)`` accumulated in
+    place as the real path does: the floor under any fp32 implementation's time per step."""
+    h, w, z = torch.randn(batch, proj), torch.randn(proj, 4 * dim), torch.randn(batch, 4 * dim)
+    z.addmm_(h, w)
+    t = time.perf_counter()
+    for _ in range(repeats):
+        z.addmm_(h, w)
+    return 2 * batch * proj * 4 * dim * repeats / (time.perf_counter() - t) / 1e9
+
+
 def main(configs: list[str] | None = None) -> None:
     configs = configs or ["small", "original"]
     sentences = load_sentences()
@@ -169,6 +180,9 @@ def main(configs: list[str] | None = None) -> None:
             b = r["bytes_per_token"]
             print(f"{'':>9}  file size per token (layers=all): " + ", ".join(f"{k} {v:,.0f} B" for k, v in b.items()),
                   flush=True)
+    rate = recurrent_step_rate()
+    print(f"recurrent step product (64 x 512) @ (512 x 16384), in place: {rate:.0f} GFLOP/s "
+          f"(the per-step floor of every fp32 implementation, baseline included)", flush=True)
 
 
 if __name__ == "__main__":
