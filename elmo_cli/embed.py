@@ -22,6 +22,7 @@ import torch
 from elmo_cli import h5dump
 from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
+from elmo_cli.model.lstm import fit_states
 from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 from vocab.text import read_lines
@@ -252,13 +253,8 @@ def zero_states(model: BiLM, batch_size: int, device: torch.device) -> tuple:
 
 
 def slice_states(states: tuple, batch_size: int) -> tuple:
-    """The carried states for a batch of `batch_size` rows: row b continues row b; extra rows start from zero."""
-    def fit(t: torch.Tensor) -> torch.Tensor:
-        if t.shape[0] >= batch_size:
-            return t[:batch_size]
-        return torch.cat([t, t.new_zeros(batch_size - t.shape[0], *t.shape[1:])])
-
-    return tuple([(fit(h), fit(c)) for h, c in direction] for direction in states)
+    """The carried `(forward, backward)` states for a batch of `batch_size` rows (see `fit_states`)."""
+    return tuple(fit_states(direction, batch_size) for direction in states)
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:

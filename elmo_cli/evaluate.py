@@ -48,6 +48,7 @@ import torch
 
 from elmo_cli.loading import LoadedModel, pad_char_batch
 from elmo_cli.model.bilm import reverse_padded
+from elmo_cli.model.lstm import fit_states
 from elmo_cli.model.softmax import SharedSoftmax
 from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
@@ -228,20 +229,6 @@ def chunked_log_probs(softmax: SharedSoftmax, h: torch.Tensor, targets: torch.Te
     return torch.cat(out) if out else h.new_zeros(0)
 
 
-def _fit_states(states: list | None, B: int) -> list | None:
-    """Carried states resized to B rows (a shorter last batch drops rows; a longer one starts new rows at 0)."""
-    if states is None:
-        return None
-    out = []
-    for h, c in states:
-        if h.shape[0] >= B:
-            out.append((h[:B], c[:B]))
-        else:
-            pad = B - h.shape[0]
-            out.append((torch.cat([h, h.new_zeros(pad, h.shape[1])]), torch.cat([c, c.new_zeros(pad, c.shape[1])])))
-    return out
-
-
 def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[_Line], boundary_rows: np.ndarray,
                  vocab: Vocabulary, exclude_unk: bool, chunk_size: int, states: tuple | None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None]:
@@ -272,8 +259,8 @@ def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[_Line]
     valid = torch.arange(T - 1, device=device).unsqueeze(0) < (lengths - 1).unsqueeze(1)  # (B, T-1)
     mask = valid if states is not None else None  # padding must not advance a carried state
     f_states, b_states = states if states is not None else (None, None)
-    f_out, f_new = model.forward_lstm(fwd_in, _fit_states(f_states, B), mask)
-    b_out, b_new = model.backward_lstm(bwd_in, _fit_states(b_states, B), mask)
+    f_out, f_new = model.forward_lstm(fwd_in, fit_states(f_states, B), mask)
+    b_out, b_new = model.backward_lstm(bwd_in, fit_states(b_states, B), mask)
 
     row = torch.arange(B, device=device).unsqueeze(1).expand(B, T - 1)[valid]  # (N,)
     h = torch.cat([f_out[-1][valid], b_out[-1][valid]])  # (2N, P)

@@ -21,6 +21,17 @@ from elmo_cli.config import LSTMConfig
 State = tuple[torch.Tensor, torch.Tensor]  # h (B, P), c (B, H)
 
 
+def fit_states(states: list[State] | None, batch_size: int) -> list[State] | None:
+    """Carried per-layer states resized to `batch_size` rows: row b continues row b, a shorter batch drops the
+    last rows, a longer one starts its extra rows from zero."""
+    def fit(t: torch.Tensor) -> torch.Tensor:
+        if t.shape[0] >= batch_size:
+            return t[:batch_size]
+        return torch.cat([t, t.new_zeros(batch_size - t.shape[0], *t.shape[1:])])
+
+    return None if states is None else [(fit(h), fit(c)) for h, c in states]
+
+
 class ProjectedLSTMLayer(nn.Module):
     """One LSTM layer with a projection of its output.
 
