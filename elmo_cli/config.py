@@ -6,7 +6,6 @@ plus `tiny`, the 2-CPU-core demo model.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,9 +135,6 @@ class ModelConfig:
                 "max_characters_per_token": c.max_characters_per_token,
             },
         }
-
-    def replace(self, **lstm_or_cnn: Any) -> "ModelConfig":
-        return dataclasses.replace(self, **lstm_or_cnn)
 
 
 def load_options(path: Path) -> ModelConfig:

@@ -14,7 +14,7 @@ import torch
 
 from elmo_cli.bilm_format import load_bilm, resolve_model_files
 from elmo_cli.model.bilm import BiLM
-from vocab.chars import BOS_TOKEN, EOS_TOKEN, ByteChars
+from vocab.chars import ByteChars
 from vocab.errors import ElmoError
 from vocab.tokenize import TextEncoder
 
@@ -55,11 +55,6 @@ def load_model(model_dir: Path | None = None, options: Path | None = None, weigh
         raise ElmoError(f"{softmax_path}: softmax has {model.softmax.vocab_size} rows but the vocabulary has "
                         f"{len(text.vocab)} words")
     return LoadedModel(model, text, Path(model_dir) if model_dir is not None else None, dev)
-
-
-def sentence_chars(tokens: list[str], chars) -> np.ndarray:
-    """Raw character ids of ``<S> tokens </S>``, shape ``(n + 2, W)``."""
-    return chars.encode_tokens([BOS_TOKEN, *tokens, EOS_TOKEN])
 
 
 def pad_char_batch(rows: list[np.ndarray], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
