@@ -15,7 +15,6 @@ softmax.hdf5 (elmo-cli's, since bilm-tf never stored the softmax): ``W (V, P)``,
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import h5py
@@ -25,6 +24,7 @@ import torch
 from elmo_cli.config import ModelConfig, load_options
 from elmo_cli.model.bilm import BiLM
 from vocab.errors import ElmoError
+from vocab.text import atomic_write_bytes, publish
 
 LSTM_PREFIX = "RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/"
 
@@ -172,9 +172,7 @@ def _atomic_h5(path: Path, fill) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as f:
         fill(f)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    publish(tmp, path)
 
 
 def write_weights(model: BiLM, path: Path) -> None:
@@ -204,10 +202,7 @@ def write_options(config: ModelConfig, path: Path, extra: dict | None = None) ->
     options = config.to_options()
     if extra:
         options.update(extra)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(options, indent=2) + "\n").encode("utf-8"))
 
 
 def save_model_dir(model: BiLM, directory: Path) -> None:

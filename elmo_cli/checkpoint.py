@@ -16,7 +16,6 @@ Written atomically (temporary file, fsync, rename, fsync of the directory) and r
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from vocab.errors import ElmoError
-from vocab.text import fsync_dir
+from vocab.text import publish
 
 FORMAT_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
@@ -51,10 +50,7 @@ def save_checkpoint(run_dir: Path, step: int, payload: dict[str, Any], keep: int
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         torch.save({"format_version": FORMAT_VERSION, "step": step, **payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    publish(tmp, path)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path

@@ -25,7 +25,7 @@ from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
 from elmo_cli.model.lstm import fit_states
 from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
-from vocab.text import read_lines
+from vocab.text import publish, read_lines
 
 ENCODER_CHUNK = 256  # distinct tokens per encoder call: (256, 50, F) conv activations = 100 MB at F = 2048
 MEMO_CAPACITY = 50_000  # distinct tokens remembered between batches (50k x 512 floats = 100 MB for `original`)
@@ -542,7 +542,7 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *, laye
             if sentence_index:
                 h5dump.write_sentence_index(f, sentence_to_index)
             f.close()
-            h5dump.publish(part, output)
+            publish(part, output)
         else:
             f.close()
             _merge_ranks(output, rank, world, n_lines, sentence_to_index if sentence_index else None)
@@ -572,7 +572,7 @@ def _merge_ranks(output: Path, rank: int, world: int, n_lines: int, sentence_to_
         finally:
             for h in handles:
                 h.close()
-        h5dump.publish(tmp, output)
+        publish(tmp, output)
         for p in parts:
             p.unlink(missing_ok=True)
     dist.barrier()

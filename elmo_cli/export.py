@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from elmo_cli.bilm_format import write_options, write_softmax, write_weights
+from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.loading import load_model
 from vocab.errors import ElmoError
 from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE
@@ -38,10 +38,7 @@ def export_model(output: Path, model_dir: Path | None = None, options: Path | No
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        write_options(model.config, tmp / "options.json")
-        write_weights(model, tmp / "weights.hdf5")
-        if model.softmax is not None:
-            write_softmax(model, tmp / "softmax.hdf5")
+        save_model_dir(model, tmp)
         if model_dir is not None:
             for name in (VOCAB_FILE, CHARS_FILE, SPM_FILE):
                 if (Path(model_dir) / name).is_file():

@@ -24,13 +24,13 @@ OUTPUT only when complete. The partial file carries two attributes that the fina
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from vocab.errors import ElmoError
+from vocab.text import publish
 
 SENTENCE_INDEX = "sentence_to_index"
 TOKEN_CACHE_EMBEDDING = "embedding"
@@ -119,13 +119,6 @@ def strip_bookkeeping(f: h5py.File) -> None:
     for attr in (SETTINGS_ATTR, COMPLETED_ATTR):
         if attr in f.attrs:
             del f.attrs[attr]
-
-
-def publish(tmp: Path, output: Path) -> None:
-    """fsync the finished temporary file and rename it to its final name (atomic on one filesystem)."""
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, output)
 
 
 def merge_parts(parts: list[Path], f: h5py.File) -> None:

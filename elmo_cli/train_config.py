@@ -18,7 +18,7 @@ from typing import Any
 
 from elmo_cli.config import MODEL_PRESETS, TRAINING_OPTION_KEYS, ModelConfig
 from vocab.errors import ElmoError
-from vocab.text import read_json
+from vocab.text import atomic_write_bytes, read_json
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,4 @@ def load_config(path: Path | None = None, preset: str | None = None) -> RunConfi
 
 
 def save_config(config: RunConfig, path: Path) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_bytes(path, (json.dumps(config.to_dict(), indent=2) + "\n").encode("utf-8"))

@@ -140,11 +140,17 @@ class atomic_writer:
             self.f.close()
             self.tmp.unlink(missing_ok=True)
             return
-        self.f.flush()
-        os.fsync(self.f.fileno())
         self.f.close()
-        os.replace(self.tmp, self.path)
-        fsync_dir(self.path.parent)
+        publish(self.tmp, self.path)
+
+
+def publish(tmp: str | Path, path: str | Path) -> None:
+    """Make a finished temporary file durable and give it its final name: fsync it, rename it over ``path``
+    (atomic on one filesystem), fsync the directory. Every atomic write in the project ends here."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(Path(path).parent)
 
 
 def fsync_dir(directory: str | Path) -> None:
