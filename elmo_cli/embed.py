@@ -9,6 +9,7 @@ file (`dump_token_embeddings`), so a cached token never goes through the char CN
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from elmo_cli import h5dump
+from elmo_cli.distributed import init_distributed
 from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
 from elmo_cli.model.lstm import fit_states
@@ -404,19 +406,6 @@ def model_fingerprint(model: BiLM) -> str:
     return h.hexdigest()[:16]
 
 
-def _dist() -> tuple[int, int]:
-    """(rank, world size); under torchrun (WORLD_SIZE > 1) joins the process group (gloo on CPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() and os.environ.get("ELMO_DIST_BACKEND") != "gloo"
-                                else "gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
 def _lines(input_path: Path, errors: str, tokenize: Callable[[str], list[str]]
            ) -> Iterator[tuple[int, str, list[str]]]:
     for i, (_, _, line) in enumerate(read_lines([str(input_path)], errors=errors)):
@@ -463,7 +452,11 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *, laye
     if stateful and on_warning:
         on_warning("--stateful: LSTM state is carried from batch to batch, so a sentence's vectors depend on the "
                    "lines before it and on --batch-size (the legacy bilm-tf/allennlp behaviour)")
-    rank, world = _dist()
+    ddp, device = init_distributed(loaded.device)
+    if device != loaded.device:  # a torchrun rank on a GPU takes the GPU of its LOCAL_RANK
+        loaded.model.to(device)
+        loaded = dataclasses.replace(loaded, device=device)
+    rank, world = ddp.rank, ddp.world_size
     if world > 1 and str(input_path) == "-":
         raise ElmoError("under torchrun the input must be a file (every rank reads it), not standard input")
     mode = "mix" if mix is not None else layers

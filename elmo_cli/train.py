@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -30,6 +29,7 @@ from elmo_cli.bilm_format import load_bilm, resolve_model_files, save_model_dir
 from elmo_cli.config import load_options
 from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from elmo_cli.data import IGNORE, LMBatch, SentenceStreams, steps_per_epoch
+from elmo_cli.distributed import init_distributed
 from elmo_cli.evaluate import evaluate
 from elmo_cli.loading import LoadedModel, resolve_device
 from elmo_cli.model.bilm import BiLM
@@ -77,34 +77,6 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)
 
 
-# ---- distributed ------------------------------------------------------------------------------------------------
-@dataclass
-class Dist:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def _init_distributed(device_name: str) -> tuple[Dist, torch.device]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Dist(), resolve_device(device_name)
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_name)
-    if device.type == "cuda":
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world, local), device
 
 
 # ---- the loss module (what DDP wraps) -----------------------------------------------------------------------------
@@ -337,7 +309,7 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
 def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None, resume: bool,
            init_from: Path | None, reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
     tc = config.training
-    ddp, device = _init_distributed(tc.device)
+    ddp, device = init_distributed(resolve_device(tc.device))
     autocast_dtype = torch.bfloat16 if tc.dtype == "bf16" else None
     if autocast_dtype is not None and device.type == "cpu" and not torch.backends.mkldnn.is_available():
         raise ElmoError("--dtype bf16 on CPU needs a torch build with oneDNN; use --dtype fp32")

@@ -129,7 +129,7 @@ def test_export_then_token_cache_then_cached_dump(tmp_path):
                     reason="torchrun not installed")
 def test_torchrun_two_ranks_write_one_file(tmp_path):
     out = tmp_path / "out.hdf5"
-    env = dict(os.environ, OMP_NUM_THREADS="1", ELMO_DIST_BACKEND="gloo")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     with socket.socket() as sock:  # a free port, so parallel runs do not collide
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -1,0 +1,41 @@
+"""Joining a torchrun job: which process this is, and the device it works on.
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1) a process joins the default process group, NCCL when it works on a GPU and
+gloo on the CPU, and a CUDA process takes the GPU of its ``LOCAL_RANK``. Run plainly, nothing is joined.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
+    """This process's place in a torchrun job (or a single process) and the device it should use."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist(), device
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank, world, local), device
