@@ -22,7 +22,7 @@ import torch
 
 from elmo_cli import h5dump
 from elmo_cli.distributed import init_distributed
-from elmo_cli.loading import LoadedModel, load_model
+from elmo_cli.loading import LoadedModel, length_sorted_batches, load_model
 from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
 from elmo_cli.model.lstm import fit_states
 from vocab.chars import BOS_TOKEN, EOS_TOKEN
@@ -257,15 +257,6 @@ def zero_states(model: BiLM, batch_size: int, device: torch.device) -> tuple:
 def slice_states(states: tuple, batch_size: int) -> tuple:
     """The carried `(forward, backward)` states for a batch of `batch_size` rows (see `fit_states`)."""
     return tuple(fit_states(direction, batch_size) for direction in states)
-
-
-def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Positions grouped into batches of similar length, longest first.
-
-    ``length_sorted_batches([3, 9, 1, 8], 2) -> [[1, 3], [0, 2]]``
-    """
-    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
-    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
 
 
 # ---- the Python API -------------------------------------------------------------------------------------------------

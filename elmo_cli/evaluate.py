@@ -46,7 +46,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from elmo_cli.loading import LoadedModel, pad_char_batch
+from elmo_cli.loading import LoadedModel, length_sorted_batches, pad_char_batch
 from elmo_cli.model.bilm import reverse_padded
 from elmo_cli.model.lstm import fit_states
 from elmo_cli.model.softmax import SharedSoftmax
@@ -341,11 +341,13 @@ def evaluate(
         with torch.inference_mode():
             for pool in _pools(_iter_lines(groups, text, errors, shards), _POOL_BATCHES * batch_size):
                 scored = [ln for ln in pool if ln.ids is not None]
-                if not stateful:
-                    scored.sort(key=lambda ln: -len(ln.ids))
+                if stateful:  # input order: row b of each batch continues row b of the previous one
+                    batches = [scored[i : i + batch_size] for i in range(0, len(scored), batch_size)]
+                else:
+                    batches = [[scored[k] for k in b]
+                               for b in length_sorted_batches([len(ln.ids) for ln in scored], batch_size)]
                 results: dict[int, tuple[float, float, int]] = {}
-                for i in range(0, len(scored), batch_size):
-                    batch = scored[i : i + batch_size]
+                for batch in batches:
                     f, b, n, states = _score_batch(loaded, softmax, batch, boundary_rows, vocab, exclude_unk,
                                                    softmax_chunk, states)
                     for r, ln in enumerate(batch):

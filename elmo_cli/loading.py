@@ -74,3 +74,12 @@ def pad_char_batch(rows: list[np.ndarray], device: torch.device | str = "cpu") -
         out[b, : r.shape[0]] = r.astype(np.int64) + 1
     lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.long)
     return torch.from_numpy(out).to(device), lengths.to(device)
+
+
+def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Positions grouped into batches of similar length, longest first.
+
+    ``length_sorted_batches([3, 9, 1, 8], 2) -> [[1, 3], [0, 2]]``
+    """
+    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
