@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmo_cli.config import MODEL_PRESETS
+from elmo_cli.presets import PRESETS
 from elmo_cli.embed import dump_embeddings
 from elmo_cli.loading import LoadedModel
 from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
@@ -120,7 +120,7 @@ def _max_diff(a: Path, b: Path) -> float:
 
 def run_config(name: str, sentences: list[list[str]], tmp: Path, text_file: Path) -> dict:
     torch.manual_seed(0)
-    model = BiLM(MODEL_PRESETS[name]).eval()
+    model = BiLM(PRESETS[name].config.model).eval()
     loaded = LoadedModel(model, TextEncoder(chars=ByteChars()), None, torch.device("cpu"))
     n_tokens = sum(len(s) for s in sentences)
     warm = tmp / "warm.txt"

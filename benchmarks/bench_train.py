@@ -17,7 +17,7 @@ import torch
 
 from elmo_cli.config import ModelConfig
 from elmo_cli.train import train
-from elmo_cli.train_config import load_config
+from elmo_cli.presets import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "examples" / "austen_train.txt"

@@ -13,6 +13,8 @@ from typing import Iterator, List, Optional
 import typer
 from rich.console import Console
 
+from elmo_cli.layers import MODES_HELP
+from elmo_cli.presets import PRESETS_HELP
 from vocab.errors import ElmoError
 
 app = typer.Typer(
@@ -163,7 +165,7 @@ def cli_train(
     data: Path = typer.Option(..., "--data", help="Shard directory (elmo-cli shard)."),
     output: Path = typer.Option(..., "--output", help="Run directory: model files, config.json, metrics.jsonl, checkpoints/."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON config: options.json keys plus a 'training' section."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="tiny | small | medium | original (default tiny)."),
+    preset: Optional[str] = typer.Option(None, "--preset", help=PRESETS_HELP),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Rows per process."),
     unroll_steps: Optional[int] = typer.Option(None, "--unroll-steps"),
     lr: Optional[float] = typer.Option(None, "--lr", help="Adagrad learning rate."),
@@ -188,7 +190,7 @@ def cli_train(
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         from elmo_cli import train as training
-        from elmo_cli.train_config import load_config
+        from elmo_cli.presets import load_config
 
         if resume and (config is not None or preset is not None or init_from is not None):
             raise ElmoError("--resume continues with the run's own config.json; drop --config/--preset/--init-from")
@@ -199,7 +201,9 @@ def cli_train(
             batch_size=batch_size, unroll_steps=unroll_steps, lr=lr, epochs=epochs, max_steps=max_steps,
             max_time=_parse_duration(max_time), n_negative_samples=n_negative_samples, dropout=dropout, seed=seed,
             device=device, dtype=dtype, checkpoint_every=checkpoint_every)
-        rank0 = int(__import__("os").environ.get("RANK", "0")) == 0
+        from elmo_cli.distributed import is_main_process
+
+        rank0 = is_main_process()
         progress = Progress(
             TextColumn("epoch {task.fields[epoch]:.2f}"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
             TextColumn("{task.fields[rate]:,.0f} tok/s"), TextColumn("ETA {task.fields[eta]}"),
@@ -272,7 +276,8 @@ def cli_evaluate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from elmo_cli.evaluate import evaluate, unigram_model, unigram_perplexity
+    from elmo_cli.baselines import unigram_model, unigram_perplexity
+    from elmo_cli.evaluate import evaluate
     from elmo_cli.loading import load_model
 
     with _user_errors():
@@ -346,15 +351,6 @@ def cli_export(
         console.print(f"exported {output}: {', '.join(names)}", highlight=False)
 
 
-def _parse_mix(mix: Optional[str]) -> Optional[List[float]]:
-    if mix is None:
-        return None
-    try:
-        return [float(w) for w in mix.split(",")]
-    except ValueError:
-        raise ElmoError(f"--mix {mix!r}: expected comma-separated numbers, e.g. 0.2,0.3,0.5") from None
-
-
 @app.command("dump-embeddings")
 def cli_dump_embeddings(
     input: Path = typer.Argument(..., help="Text file, one sentence per line (tokens split on whitespace, or "
@@ -363,8 +359,9 @@ def cli_dump_embeddings(
     model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
     options: Optional[Path] = typer.Option(None, "--options", help=_OPTIONS_HELP),
     weights: Optional[Path] = typer.Option(None, "--weights", help=_WEIGHTS_HELP),
-    layers: str = typer.Option("all", "--layers", help="all (L+1, n, 2P) | top (n, 2P) | average (n, 2P)."),
-    mix: Optional[str] = typer.Option(None, "--mix", help="W0,W1,W2: dump gamma * sum_k W_k * layer_k (n, 2P)."),
+    layers: str = typer.Option("all", "--layers", help=MODES_HELP),
+    mix: Optional[str] = typer.Option(None, "--mix", help="W0,W1,W2: dump gamma * sum_k W_k * layer_k (n, 2P); "
+                                                         "replaces --layers."),
     gamma: float = typer.Option(1.0, "--gamma", help="Scale of --mix."),
     batch_size: int = typer.Option(64, "--batch-size", help="Sentences per batch."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | float16."),
@@ -387,25 +384,18 @@ def cli_dump_embeddings(
     and rank 0 writes the one output file.
     """
     with _user_errors():
-        import os
         import time
 
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        from elmo_cli.embed import dump_embeddings
+        from elmo_cli.distributed import is_main_process
+        from elmo_cli.dump import dump_embeddings
+        from elmo_cli.layers import LayerSelection
         from elmo_cli.loading import load_model
 
-        weights_mix = _parse_mix(mix)
-        if threads is not None:
-            if threads < 1:
-                raise ElmoError(f"--threads must be at least 1, got {threads}")
-            import torch
-
-            torch.set_num_threads(threads)
-        if weights_mix is not None and layers != "all":
-            raise ElmoError("--mix replaces --layers; give one of them")
+        select = LayerSelection.parse(layers, mix, gamma)
         loaded = load_model(model, options, weights, device)
-        show = os.environ.get("RANK", "0") == "0"
+        show = is_main_process()
         start = time.perf_counter()
         first = {}
         columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} lines"),
@@ -423,9 +413,9 @@ def cli_dump_embeddings(
 
         try:
             result = dump_embeddings(
-                loaded, input, output, layers=layers, mix=weights_mix, gamma=gamma, batch_size=batch_size,
-                dtype=dtype, compression=compression, stateful=stateful, resume=resume, force=force,
-                sentence_index=not no_sentence_index, token_cache=token_cache, errors=errors,
+                loaded, input, output, layers=select, batch_size=batch_size, dtype=dtype,
+                compression=compression, stateful=stateful, resume=resume, force=force,
+                sentence_index=not no_sentence_index, token_cache=token_cache, errors=errors, threads=threads,
                 on_progress=on_progress, on_warning=lambda m: err_console.print(f"[yellow]warning:[/] {m}",
                                                                                 highlight=False))
         finally:
@@ -450,7 +440,7 @@ def cli_dump_token_embeddings(
     """Token-encoder output of every vocabulary line (bilm-tf's token cache); use it with dump-embeddings
     --token-cache to skip the character CNN for those tokens."""
     with _user_errors():
-        from elmo_cli.embed import dump_token_embeddings
+        from elmo_cli.dump import dump_token_embeddings
         from elmo_cli.loading import load_model
 
         loaded = load_model(model, options, weights, device)

@@ -1,8 +1,7 @@
 """Model configuration: the `lstm` and `char_cnn` sections of bilm-tf's options.json (spec §3), as dataclasses.
 
 `ModelConfig.from_options(json.load(f))` accepts both bilm-tf forms (`n_characters` 261 or 262) and training-only
-keys, and `to_options()` writes the prediction form (262) that allennlp reads. Presets are the published shapes
-plus `tiny`, the 2-CPU-core demo model.
+keys, and `to_options()` writes the prediction form (262) that allennlp reads. The named shapes are in `elmo_cli.presets`.
 """
 from __future__ import annotations
 
@@ -142,22 +141,3 @@ def load_options(path: Path) -> ModelConfig:
     if not isinstance(options, dict):
         raise ElmoError(f"{path}: options must be a JSON object")
     return ModelConfig.from_options(options, source=str(path))
-
-
-def _published(dim: int, proj: int, n_highway: int) -> ModelConfig:
-    return ModelConfig(
-        char_cnn=CharCNNConfig(filters=PUBLISHED_FILTERS, n_highway=n_highway),
-        lstm=LSTMConfig(dim=dim, projection_dim=proj, n_layers=2, cell_clip=3.0, proj_clip=3.0),
-    )
-
-
-MODEL_PRESETS: dict[str, ModelConfig] = {
-    # The demo model: a few minutes on 2 CPU cores. Small filters keep the char CNN (the CPU bottleneck) cheap.
-    "tiny": ModelConfig(
-        char_cnn=CharCNNConfig(filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1),
-        lstm=LSTMConfig(dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0),
-    ),
-    "small": _published(1024, 128, 1),  # 2x1024_128_2048cnn_1xhighway
-    "medium": _published(2048, 256, 1),  # 2x2048_256_2048cnn_1xhighway
-    "original": _published(4096, 512, 2),  # 2x4096_512_2048cnn_2xhighway
-}

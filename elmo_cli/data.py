@@ -94,15 +94,6 @@ class SentenceStreams:
     def exhausted(self) -> bool:
         return self.finite and bool((self._pos[:, 0] > 0).all())
 
-    @property
-    def epoch_fraction(self) -> float:
-        """Mean over rows of epoch + share read so far (a progress estimate; steps come from the manifest)."""
-        total = 0.0
-        for k, r in enumerate(self.rows):
-            e, i, _ = self._pos[k]
-            total += e + i / max(1, len(self._share(int(e), r)))
-        return total / len(self.rows)
-
     # ---- reading -------------------------------------------------------------------------------------------------
     def _perm(self, epoch: int) -> np.ndarray:
         perm = self._perms.get(epoch)

@@ -39,3 +39,9 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Dist(rank, world, local), device
+
+
+def is_main_process() -> bool:
+    """False only in a torchrun process of rank > 0 (readable before the process group is joined): the one
+    process that prints and writes."""
+    return int(os.environ.get("RANK", "0")) == 0

@@ -31,11 +31,12 @@ Per-sentence output (JSON lines, one per input line, in input order, written ato
 lines keep their line with ``"tokens": 0`` and null log-probabilities. The ``tokens`` and log-probabilities of
 all lines add up to the corpus totals.
 
-`unigram_model` / `unigram_perplexity` give the baseline a biLM must beat: an add-one smoothed unigram over the
-model vocabulary estimated from the training corpus, scored on the same targets.
+Inputs are read by `elmo_cli.inputs`; the n-gram references scored on the same targets are in
+`elmo_cli.baselines`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -46,14 +47,13 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from elmo_cli.loading import LoadedModel, length_sorted_batches, pad_char_batch
-from elmo_cli.model.bilm import reverse_padded
-from elmo_cli.model.lstm import fit_states
+from elmo_cli.inputs import Inputs, Line, input_order_batches, length_sorted_batches, pad_char_batch, with_boundaries
+from elmo_cli.loading import LoadedModel
+from elmo_cli.model.lstm import fit_states, reverse_padded
 from elmo_cli.model.softmax import SharedSoftmax
 from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
-from vocab.text import STDIN, atomic_writer, expand_paths, read_lines
-from vocab.tokenize import TextEncoder
+from vocab.text import atomic_writer
 from vocab.vocabulary import Vocabulary
 
 _LOGITS_BUDGET = 1 << 24  # floats of full-softmax logits held at once: 64 MB in float32
@@ -111,92 +111,6 @@ class EvalResult:
         return d
 
 
-@dataclass
-class _Line:
-    """One input line (or stored shard sentence); ``ids``/``chars`` are None for a blank line."""
-
-    index: int
-    source: str
-    ids: np.ndarray | None  # int32 (n,)
-    chars: np.ndarray | None  # raw char ids (n, W)
-
-
-# ---- input ---------------------------------------------------------------------------------------------------
-def _count_lines(path: str) -> int | None:
-    """Lines of a plain file (for the progress total); None for stdin and .gz."""
-    if path == STDIN or path.endswith(".gz"):
-        return None
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
-
-
-def _open_shards(directory: Path, text: TextEncoder):
-    from vocab.shards import ShardDataset
-
-    data = ShardDataset(directory)
-    data.check_vocab(text.vocab)
-    if data.chars.to_json() != text.chars.to_json():
-        raise ElmoError(f"{directory}: shards use character settings {data.chars.to_json()} but the model uses "
-                        f"{text.chars.to_json()}; re-shard with the model's vocabulary directory")
-    return data
-
-
-def _groups(inputs: list[str | Path]) -> list[tuple[str, list[str]]]:
-    """Consecutive text paths grouped (``("text", [...])``), each directory alone (``("shards", [dir])``)."""
-    if not inputs:
-        raise ElmoError("no input given: pass text files (or - for stdin) or a shard directory")
-    groups: list[tuple[str, list[str]]] = []
-    for p in map(str, inputs):
-        if p != STDIN and Path(p).is_dir():
-            groups.append(("shards", [p]))
-        elif groups and groups[-1][0] == "text":
-            groups[-1][1].append(p)
-        else:
-            groups.append(("text", [p]))
-    return groups
-
-
-def _iter_lines(groups, text: TextEncoder, errors: str, shards: dict) -> Iterator[_Line]:
-    """Every input line as a `_Line`, indexed from 0 across all inputs."""
-    index = 0
-    vocab = text.vocab
-    for kind, paths in groups:
-        if kind == "shards":
-            data = shards[paths[0]]
-            for i, (ids, chars) in enumerate(data.iter_sentences()):
-                src = f"{paths[0]}#{i}"
-                yield _Line(index, src, ids, chars) if len(ids) else _Line(index, src, None, None)
-                index += 1
-            continue
-        for path, lineno, line in read_lines(paths, errors):
-            tokens = text.tokenize(line) if line and not line.isspace() else []
-            if tokens:
-                yield _Line(index, f"{path}:{lineno}", vocab.encode(tokens), text.chars.encode_tokens(tokens))
-            else:
-                yield _Line(index, f"{path}:{lineno}", None, None)
-            index += 1
-
-
-def _prepare_inputs(inputs, text: TextEncoder) -> tuple[list, dict, int | None]:
-    """Groups, opened shard datasets and the total line count (None when unknown)."""
-    groups = _groups(inputs)
-    shards: dict = {}
-    total: int | None = 0
-    for kind, paths in groups:
-        if kind == "shards":
-            shards[paths[0]] = _open_shards(Path(paths[0]), text)
-            total = None if total is None else total + shards[paths[0]].num_sentences
-        else:
-            for p in expand_paths(paths):
-                n = _count_lines(p)
-                total = None if total is None or n is None else total + n
-    return groups, shards, total
-
-
 # ---- scoring -------------------------------------------------------------------------------------------------
 def _check_model(loaded: LoadedModel) -> tuple[SharedSoftmax, Vocabulary]:
     where = loaded.directory or "this model"
@@ -229,7 +143,7 @@ def chunked_log_probs(softmax: SharedSoftmax, h: torch.Tensor, targets: torch.Te
     return torch.cat(out) if out else h.new_zeros(0)
 
 
-def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[_Line], boundary_rows: np.ndarray,
+def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[Line], boundary_rows: np.ndarray,
                  vocab: Vocabulary, exclude_unk: bool, chunk_size: int, states: tuple | None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None]:
     """Sum of forward and backward log-probabilities and the scored targets of each sentence of a batch.
@@ -242,14 +156,14 @@ def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[_Line]
     """
     model, device = loaded.model, loaded.device
     B = len(lines)
-    bos, eos = boundary_rows[0:1], boundary_rows[1:2]
-    rows = [np.concatenate([bos, ln.chars.astype(boundary_rows.dtype), eos]) for ln in lines]  # each (n+2, W)
-    chars, lengths = pad_char_batch(rows, device)  # (B, T, W), (B,)
+    bos, eos = boundary_rows[0:1], boundary_rows[1:2]  # (1, W) each
+    rows = [np.concatenate(with_boundaries([ln.chars.astype(boundary_rows.dtype)], bos, eos)) for ln in lines]
+    chars, lengths = pad_char_batch(rows, device)  # (B, T, W), (B,); each row (n+2, W)
     T = chars.shape[1]
     ids = torch.zeros(B, T, dtype=torch.long)
     for b, ln in enumerate(lines):
-        n = len(ln.ids)
-        ids[b, 0], ids[b, 1 : n + 1], ids[b, n + 1] = vocab.bos_id, torch.from_numpy(ln.ids.astype(np.int64)), vocab.eos_id
+        row = with_boundaries(ln.ids.tolist(), vocab.bos_id, vocab.eos_id)
+        ids[b, : len(row)] = torch.tensor(row)
     ids = ids.to(device)
 
     x = model.encoder.forward_distinct(chars, 4096)  # (B, T, P)
@@ -275,13 +189,13 @@ def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[_Line]
     return sums[:B].numpy(), sums[B:].numpy(), counts.numpy(), (f_new, b_new) if states is not None else None
 
 
-def _pools(lines: Iterator[_Line], size: int) -> Iterator[list[_Line]]:
+def _pools(lines: Iterator[Line], size: int) -> Iterator[list[Line]]:
     """Lists of consecutive lines holding ``size`` non-blank ones each (the last fewer); blanks ride along."""
-    pool: list[_Line] = []
+    pool: list[Line] = []
     have = 0
     for ln in lines:
         pool.append(ln)
-        if ln.ids is not None:
+        if not ln.blank:
             have += 1
             if have == size:
                 yield pool
@@ -323,140 +237,73 @@ def evaluate(
     if softmax_chunk < 1:
         raise ElmoError(f"softmax chunk must be at least 1, got {softmax_chunk}")
     softmax, vocab = _check_model(loaded)
-    text = loaded.text
-    groups, shards, total = _prepare_inputs(inputs, text)
-    boundary_rows = text.chars.encode_tokens([BOS_TOKEN, EOS_TOKEN])  # (2, W)
+    source = Inputs(inputs, loaded.text, errors)
+    boundary_rows = loaded.text.chars.encode_tokens([BOS_TOKEN, EOS_TOKEN])  # (2, W)
     progress = on_progress or (lambda done, total: None)
     model = loaded.model
     was_training = model.training
     model.eval()  # no dropout
     start = time.perf_counter()
-    totals = dict(sentences=0, blank_lines=0, words=0, oov_words=0, tokens=0, excluded_unk=0)
-    fwd_total = bwd_total = 0.0
+    totals = _Totals(vocab.unk_id, exclude_unk)
     states: tuple | None = (None, None) if stateful else None
-    writer = atomic_writer(per_sentence_path) if per_sentence_path is not None else None
-    out = writer.__enter__() if writer is not None else None
-    done = 0
-    try:
-        with torch.inference_mode():
-            for pool in _pools(_iter_lines(groups, text, errors, shards), _POOL_BATCHES * batch_size):
-                scored = [ln for ln in pool if ln.ids is not None]
-                if stateful:  # input order: row b of each batch continues row b of the previous one
-                    batches = [scored[i : i + batch_size] for i in range(0, len(scored), batch_size)]
-                else:
-                    batches = [[scored[k] for k in b]
-                               for b in length_sorted_batches([len(ln.ids) for ln in scored], batch_size)]
-                results: dict[int, tuple[float, float, int]] = {}
-                for batch in batches:
-                    f, b, n, states = _score_batch(loaded, softmax, batch, boundary_rows, vocab, exclude_unk,
-                                                   softmax_chunk, states)
-                    for r, ln in enumerate(batch):
-                        results[ln.index] = (float(f[r]), float(b[r]), int(n[r]))
-                for ln in pool:
-                    if ln.ids is None:
-                        totals["blank_lines"] += 1
-                        rec = {"index": ln.index, "source": ln.source, "words": 0, "tokens": 0,
-                               "forward_logprob": None, "backward_logprob": None}
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(atomic_writer(per_sentence_path)) if per_sentence_path is not None else None
+        try:
+            with torch.inference_mode():
+                for pool in _pools(source.lines(), _POOL_BATCHES * batch_size):
+                    scored = [ln for ln in pool if not ln.blank]
+                    if stateful:  # input order: row b of each batch continues row b of the previous one
+                        batches = [[scored[k] for k in b] for b in input_order_batches(len(scored), batch_size)]
                     else:
-                        f, b, n = results[ln.index]
-                        unk = int(np.count_nonzero(ln.ids == vocab.unk_id))
-                        totals["sentences"] += 1
-                        totals["words"] += len(ln.ids)
-                        totals["oov_words"] += unk
-                        totals["tokens"] += n
-                        totals["excluded_unk"] += unk if exclude_unk else 0
-                        fwd_total += f
-                        bwd_total += b
-                        rec = {"index": ln.index, "source": ln.source, "words": len(ln.ids), "tokens": n,
-                               "forward_logprob": f, "backward_logprob": b}
-                    if out is not None:
-                        out.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
-                done += len(pool)
-                progress(done, total)
-        if totals["tokens"] == 0:
-            what = "every target is <UNK> and --exclude-unk drops them" if totals["sentences"] else \
-                f"no sentences ({totals['blank_lines']} blank lines)"
+                        batches = [[scored[k] for k in b]
+                                   for b in length_sorted_batches([len(ln.ids) for ln in scored], batch_size)]
+                    results: dict[int, tuple[float, float, int]] = {}
+                    for batch in batches:
+                        f, b, n, states = _score_batch(loaded, softmax, batch, boundary_rows, vocab, exclude_unk,
+                                                       softmax_chunk, states)
+                        for r, ln in enumerate(batch):
+                            results[ln.index] = (float(f[r]), float(b[r]), int(n[r]))
+                    for ln in pool:
+                        rec = totals.add(ln, results.get(ln.index))
+                        if out is not None:
+                            out.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+                    totals.lines += len(pool)
+                    progress(totals.lines, source.total)
+        finally:
+            model.train(was_training)
+        if totals.tokens == 0:
+            what = "every target is <UNK> and --exclude-unk drops them" if totals.sentences else \
+                f"no sentences ({totals.blank_lines} blank lines)"
             raise ElmoError(f"{', '.join(map(str, inputs))}: nothing to score: {what}")
-    except BaseException as e:
-        if writer is not None:
-            writer.__exit__(type(e), e, e.__traceback__)
-        raise
-    finally:
-        model.train(was_training)
-    if writer is not None:
-        writer.__exit__(None, None, None)
-    return EvalResult(**totals, forward_logprob=fwd_total, backward_logprob=bwd_total, exclude_unk=exclude_unk,
+    return EvalResult(totals.sentences, totals.blank_lines, totals.words, totals.oov_words, totals.tokens,
+                      totals.excluded_unk, totals.forward, totals.backward, exclude_unk=exclude_unk,
                       stateful=stateful, vocab_size=len(vocab), seconds=time.perf_counter() - start)
 
 
-# ---- the unigram baseline ------------------------------------------------------------------------------------
-@dataclass
-class UnigramModel:
-    """Add-one smoothed unigram over the model vocabulary: ``P(id) = (count(id) + 1) / (N + V)``.
+class _Totals:
+    """Corpus totals of an evaluation, added up line by line."""
 
-    ``counts`` (V,) int64: each training word under its vocabulary id (unknown words as ``<UNK>``) and the
-    boundary target once per sentence under ``</S>``; N = counts.sum() = words + sentences. This is the forward
-    distribution; the backward one swaps ``<S>`` and ``</S>`` and gives the same perplexity on any text, so one
-    number serves both directions.
-    """
+    def __init__(self, unk_id: int, exclude_unk: bool):
+        self.unk_id, self.exclude_unk = unk_id, exclude_unk
+        self.sentences = self.blank_lines = self.words = self.oov_words = self.tokens = self.excluded_unk = 0
+        self.lines = 0
+        self.forward = self.backward = 0.0
 
-    counts: np.ndarray
-    sentences: int
-
-    def log_probs(self) -> np.ndarray:
-        """Natural-log probability of each vocabulary id, float64 (V,)."""
-        return np.log(self.counts + 1.0) - math.log(self.counts.sum() + len(self.counts))
-
-
-@dataclass
-class UnigramResult:
-    perplexity: float
-    tokens: int  # targets scored (the same definition as EvalResult.tokens)
-    train_tokens: int  # N of the unigram model
-
-
-def unigram_model(train_inputs: list[str | Path], text: TextEncoder, errors: str = "strict") -> UnigramModel:
-    """Count a training corpus (text files or shard directories) into a `UnigramModel` over ``text.vocab``."""
-    if text.vocab is None:
-        raise ElmoError("the unigram baseline needs the model's vocab.txt")
-    vocab = text.vocab
-    groups, shards, _ = _prepare_inputs(train_inputs, text)
-    counts = np.zeros(len(vocab), dtype=np.int64)
-    sentences = 0
-    pending: list[np.ndarray] = []
-    have = 0
-    for ln in _iter_lines(groups, text, errors, shards):
-        if ln.ids is None:
-            continue
-        sentences += 1
-        pending.append(ln.ids)
-        have += len(ln.ids)
-        if have >= 1 << 20:  # one O(V) bincount per million words, not per sentence
-            counts += np.bincount(np.concatenate(pending), minlength=len(vocab))
-            pending, have = [], 0
-    if pending:
-        counts += np.bincount(np.concatenate(pending), minlength=len(vocab))
-    if sentences == 0:
-        raise ElmoError(f"{', '.join(map(str, train_inputs))}: no sentences to estimate the unigram baseline from")
-    counts[vocab.eos_id] += sentences
-    return UnigramModel(counts, sentences)
-
-
-def unigram_perplexity(unigram: UnigramModel, inputs: list[str | Path], text: TextEncoder,
-                       exclude_unk: bool = False, errors: str = "strict") -> UnigramResult:
-    """The unigram's perplexity on the targets `evaluate` scores (words + one ``</S>`` per sentence)."""
-    vocab = text.vocab
-    if vocab is None or len(vocab) != len(unigram.counts):
-        raise ElmoError("the unigram baseline was counted over a different vocabulary than the model's")
-    logp = unigram.log_probs()
-    groups, shards, _ = _prepare_inputs(inputs, text)
-    total, tokens = 0.0, 0
-    for ln in _iter_lines(groups, text, errors, shards):
-        if ln.ids is None:
-            continue
-        ids = ln.ids[ln.ids != vocab.unk_id] if exclude_unk else ln.ids
-        total += float(logp[ids].sum()) + logp[vocab.eos_id]
-        tokens += len(ids) + 1
-    if tokens == 0:
-        raise ElmoError(f"{', '.join(map(str, inputs))}: nothing to score with the unigram baseline")
-    return UnigramResult(math.exp(-total / tokens), tokens, int(unigram.counts.sum()))
+    def add(self, ln: Line, scores: tuple[float, float, int] | None) -> dict:
+        """Count one line (``scores``: its forward and backward log-probabilities and targets, None if blank);
+        returns its per-sentence record."""
+        if scores is None:
+            self.blank_lines += 1
+            return {"index": ln.index, "source": ln.source, "words": 0, "tokens": 0,
+                    "forward_logprob": None, "backward_logprob": None}
+        f, b, n = scores
+        unk = int(np.count_nonzero(ln.ids == self.unk_id))
+        self.sentences += 1
+        self.words += len(ln.ids)
+        self.oov_words += unk
+        self.tokens += n
+        self.excluded_unk += unk if self.exclude_unk else 0
+        self.forward += f
+        self.backward += b
+        return {"index": ln.index, "source": ln.source, "words": len(ln.ids), "tokens": n,
+                "forward_logprob": f, "backward_logprob": b}

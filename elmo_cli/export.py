@@ -16,7 +16,7 @@ from pathlib import Path
 
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.loading import load_model
-from vocab.errors import ElmoError
+from vocab.text import check_new_output
 from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE
 
 
@@ -28,10 +28,7 @@ def export_model(output: Path, model_dir: Path | None = None, options: Path | No
     the names of the files written.
     """
     output = Path(output)
-    if output.exists() and not force:
-        raise ElmoError(f"{output}: already exists; pass --force to replace it")
-    if not output.parent.is_dir():
-        raise ElmoError(f"{output.parent}: output directory does not exist")
+    check_new_output(output, force, directory=True)
     loaded = load_model(model_dir, options, weights, "cpu")
     model = loaded.model
     tmp = output.with_name(f".{output.name}.partial-{os.getpid()}")

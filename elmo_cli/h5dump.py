@@ -3,10 +3,7 @@
 Embedding dump, one file (what allennlp's ``elmo`` command and bilm-tf's ``dump_bilm_embeddings`` wrote)::
 
     "0", "1", ...          one dataset per input line, key str(0-based line index), float32 (or float16)
-                             layers=all      (L+1, n_tokens, 2P)
-                             layers=top      (n_tokens, 2P)        the top LSTM layer
-                             layers=average  (n_tokens, 2P)        mean over the L+1 layers
-                             mix             (n_tokens, 2P)        gamma * sum_k w_k * layer_k
+                             layers=all      (L+1, n_tokens, 2P)   other selections: `elmo_cli.layers`
                            an empty line keeps its key with n_tokens = 0 (indices never shift)
     sentence_to_index      shape (1,), variable-length UTF-8 string: JSON {stripped line: "index"}, last index wins
 
@@ -37,7 +34,6 @@ TOKEN_CACHE_EMBEDDING = "embedding"
 TOKEN_CACHE_TOKENS = "tokens"
 SETTINGS_ATTR = "elmo_cli_settings"
 COMPLETED_ATTR = "elmo_cli_completed"
-LAYER_MODES = ("all", "top", "average")
 DTYPES = {"float32": np.float32, "float16": np.float16}
 COMPRESSIONS = ("none", "gzip", "lzf")
 
@@ -49,11 +45,6 @@ def partial_path(output: Path, rank: int | None = None) -> Path:
     output = Path(output)
     suffix = ".partial" if rank is None else f".partial.rank{rank}"
     return output.with_name(output.name + suffix)
-
-
-def dataset_shape(mode: str, n_layers: int, n_tokens: int, dim: int) -> tuple[int, ...]:
-    """``dataset_shape("all", 3, 7, 1024) -> (3, 7, 1024)``; any other mode drops the layer axis."""
-    return (n_layers, n_tokens, dim) if mode == "all" else (n_tokens, dim)
 
 
 def open_partial(path: Path, settings: dict, resume: bool) -> tuple[h5py.File, int]:
@@ -119,15 +110,6 @@ def strip_bookkeeping(f: h5py.File) -> None:
     for attr in (SETTINGS_ATTR, COMPLETED_ATTR):
         if attr in f.attrs:
             del f.attrs[attr]
-
-
-def merge_parts(parts: list[Path], f: h5py.File) -> None:
-    """Copy every line dataset of the rank part files into ``f`` (compression and dtype kept)."""
-    for part in parts:
-        with h5py.File(part, "r") as p:
-            for key in p.keys():
-                if key.isdigit():
-                    p.copy(p[key], f, name=key)
 
 
 # ---- token cache ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Loading a model for prediction, and turning token lists into padded character batches.
+"""Loading a model: for prediction (`load_model`), and into a new model for fine-tuning (`init_from`).
 
 Every command that takes a model accepts a model directory (a run directory or an `export` output:
 options.json, weights.hdf5, optional softmax.hdf5, vocab.txt, chars.json, spm.model) or the two bilm-tf files
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from elmo_cli.bilm_format import load_bilm, resolve_model_files
+from elmo_cli.config import ModelConfig, load_options
 from elmo_cli.model.bilm import BiLM
 from vocab.chars import ByteChars
 from vocab.errors import ElmoError
@@ -57,29 +57,47 @@ def load_model(model_dir: Path | None = None, options: Path | None = None, weigh
     return LoadedModel(model, text, Path(model_dir) if model_dir is not None else None, dev)
 
 
-def pad_char_batch(rows: list[np.ndarray], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack raw char-id arrays of different lengths into one prediction-form batch.
-
-    # Parameters
-    rows : list of B arrays, each `(T_b, W)` raw ids (boundaries already included).
-
-    # Returns
-    chars `(B, T, W)` int64 with raw + 1 and 0 as padding, and lengths `(B,)`.
-    """
-    B = len(rows)
-    T = max(r.shape[0] for r in rows)
-    W = rows[0].shape[1]
-    out = np.zeros((B, T, W), dtype=np.int64)
-    for b, r in enumerate(rows):
-        out[b, : r.shape[0]] = r.astype(np.int64) + 1
-    lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.long)
-    return torch.from_numpy(out).to(device), lengths.to(device)
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op CPU threads for this process; None keeps torch's choice."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ElmoError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
 
 
-def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Positions grouped into batches of similar length, longest first.
+def model_architecture(model_dir: Path) -> ModelConfig:
+    """The architecture of a trained model directory (its options.json): fine-tuning keeps its shape."""
+    options, _, _ = resolve_model_files(Path(model_dir), None, None)
+    return load_options(options)
 
-    ``length_sorted_batches([3, 9, 1, 8], 2) -> [[1, 3], [0, 2]]``
-    """
-    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
-    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+def init_from(model: BiLM, model_dir: Path, encoder: TextEncoder, reset_softmax: bool) -> list[str]:
+    """Copy a trained model's encoder and LSTMs into `model`; map softmax rows of words in both vocabularies."""
+    options, weights, softmax_path = resolve_model_files(Path(model_dir), None, None)
+    src = load_bilm(options, weights, softmax_path)
+    notes = []
+    own = TextEncoder.from_dir(model_dir)
+    if own.chars.to_json() != encoder.chars.to_json():
+        raise ElmoError(f"{model_dir}: its character encoder ({own.chars.mode}) differs from the shards' "
+                        f"({encoder.chars.mode}); shard the fine-tuning text with the model's chars.json")
+    state = {k: v for k, v in src.state_dict().items() if not k.startswith("softmax.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith("softmax.") for k in missing), (missing, unexpected)
+    if reset_softmax or src.softmax is None:
+        notes.append("softmax initialised afresh" + ("" if reset_softmax else f" ({model_dir} has no softmax.hdf5)"))
+        return notes
+    old_vocab, new_vocab = own.vocab, encoder.vocab
+    if old_vocab is None:
+        raise ElmoError(f"{model_dir}: has softmax.hdf5 but no vocab.txt, so its rows cannot be mapped; "
+                        f"pass --reset-softmax")
+    old_index = {t: i for i, t in enumerate(old_vocab.tokens)}
+    pairs = [(i, old_index[t]) for i, t in enumerate(new_vocab.tokens) if t in old_index]
+    new_ids = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+    old_ids = torch.tensor([p[1] for p in pairs], dtype=torch.long)
+    with torch.no_grad():
+        model.softmax.weight[new_ids] = src.softmax.weight[old_ids]
+        model.softmax.bias[new_ids] = src.softmax.bias[old_ids]
+    notes.append(f"softmax: {len(pairs)} of {len(new_vocab)} words mapped from {model_dir}, "
+                 f"{len(new_vocab) - len(pairs)} initialised afresh")
+    return notes

@@ -25,17 +25,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elmo_cli.bilm_format import load_bilm, resolve_model_files, save_model_dir
-from elmo_cli.config import load_options
+from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from elmo_cli.data import IGNORE, LMBatch, SentenceStreams, steps_per_epoch
 from elmo_cli.distributed import init_distributed
 from elmo_cli.evaluate import evaluate
-from elmo_cli.loading import LoadedModel, resolve_device
+from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
-from elmo_cli.train_config import RunConfig, build_config, save_config
+from elmo_cli.presets import build_config
+from elmo_cli.train_config import RunConfig, save_config
 from vocab.errors import ElmoError
 from vocab.text import read_json
 from vocab.shards import ShardDataset
@@ -188,37 +188,6 @@ def resume_config(run_dir: Path) -> RunConfig:
     return build_config(user, "tiny", source=str(path))
 
 
-def _init_from(model: BiLM, model_dir: Path, encoder: TextEncoder, reset_softmax: bool) -> list[str]:
-    """Copy a trained model's encoder and LSTMs into `model`; map softmax rows of words in both vocabularies."""
-    options, weights, softmax_path = resolve_model_files(Path(model_dir), None, None)
-    src = load_bilm(options, weights, softmax_path)
-    notes = []
-    own = TextEncoder.from_dir(model_dir)
-    if own.chars.to_json() != encoder.chars.to_json():
-        raise ElmoError(f"{model_dir}: its character encoder ({own.chars.mode}) differs from the shards' "
-                        f"({encoder.chars.mode}); shard the fine-tuning text with the model's chars.json")
-    state = {k: v for k, v in src.state_dict().items() if not k.startswith("softmax.")}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all(k.startswith("softmax.") for k in missing), (missing, unexpected)
-    if reset_softmax or src.softmax is None:
-        notes.append("softmax initialised afresh" + ("" if reset_softmax else f" ({model_dir} has no softmax.hdf5)"))
-        return notes
-    old_vocab, new_vocab = own.vocab, encoder.vocab
-    if old_vocab is None:
-        raise ElmoError(f"{model_dir}: has softmax.hdf5 but no vocab.txt, so its rows cannot be mapped; "
-                        f"pass --reset-softmax")
-    old_index = {t: i for i, t in enumerate(old_vocab.tokens)}
-    pairs = [(i, old_index[t]) for i, t in enumerate(new_vocab.tokens) if t in old_index]
-    new_ids = torch.tensor([p[0] for p in pairs], dtype=torch.long)
-    old_ids = torch.tensor([p[1] for p in pairs], dtype=torch.long)
-    with torch.no_grad():
-        model.softmax.weight[new_ids] = src.softmax.weight[old_ids]
-        model.softmax.bias[new_ids] = src.softmax.bias[old_ids]
-    notes.append(f"softmax: {len(pairs)} of {len(new_vocab)} words mapped from {model_dir}, "
-                 f"{len(new_vocab) - len(pairs)} initialised afresh")
-    return notes
-
-
 def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, device: torch.device) -> dict:
     """Full-softmax perplexity of both directions on held-out shards, exactly as `elmo-cli evaluate` computes it
     (stateless: every sentence from zero state, no dropout), so the two numbers can be compared.
@@ -326,8 +295,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
             raise ElmoError(f"--validation: {validation_dir} uses other characters than {data_dir}")
     if init_from is not None and not resume:
         # Fine-tuning keeps the trained network's shape: the architecture comes from MODEL_DIR/options.json.
-        init_options, _, _ = resolve_model_files(Path(init_from), None, None)
-        config = dataclasses.replace(config, model=load_options(init_options))
+        config = dataclasses.replace(config, model=model_architecture(Path(init_from)))
     config = fit_to_data(config, dataset)
 
     if ddp.main:
@@ -360,7 +328,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     model = BiLM(config.model, vocab_size=V, dropout=tc.dropout, sparse_softmax=sparse)
     notes: list[str] = []
     if init_from is not None and ckpt is None:
-        notes += _init_from(model, Path(init_from), dataset.encoder, reset_softmax)
+        notes += init_from_model(model, Path(init_from), dataset.encoder, reset_softmax)
     model.to(device)
     loss_module = BiLMLoss(model)
     if ddp.enabled:

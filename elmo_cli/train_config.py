@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elmo_cli.config import MODEL_PRESETS, TRAINING_OPTION_KEYS, ModelConfig
+from elmo_cli.config import TRAINING_OPTION_KEYS, ModelConfig
 from vocab.errors import ElmoError
 from vocab.text import atomic_write_bytes, read_json
 
@@ -75,29 +75,9 @@ BILM_TF_TRAINING_KEYS = {
     "n_negative_samples_batch": "n_negative_samples", "all_clip_norm_val": "clip_norm",
 }
 
-TRAINING_PRESETS: dict[str, TrainingConfig] = {
-    # The demo: about 3 minutes on 2 quiet CPU cores over examples/austen_train.txt (205k tokens, 8k-word
-    # vocabulary). Batch 32 (not 128) gives 4x more updates in the same time, which matters more than batch
-    # size this early in training; 1024 negatives (not 8192) because 8192 would be the whole vocabulary
-    # (then the "sampled" loss is just the full softmax, 5x the softmax work per step); dropout is kept.
-    # lr 0.6, not 0.2: Adagrad with initial accumulator 1 takes tiny steps while gradients are small, and the demo
-    # has 640 steps, not bilm-tf's hundreds of thousands. Chosen on the demo (held-out full-softmax perplexity,
-    # forward/backward, after 640 steps, measured with states carried across sentences): 5,116-word vocabulary:
-    # lr 0.2 -> 244/272, 0.6 -> 198/205, 1.0 -> 154/218; 8,154-word vocabulary: 0.6 -> 283/290, 1.0 -> 262/673 (the
-    # backward direction degraded); 2.0 diverged. With the per-sentence state reset, `make demo` (lr 0.6) ends at
-    # 281/290, stateless, against 511 for an add-one unigram model of the training text.
-    "tiny": TrainingConfig(batch_size=32, unroll_steps=20, lr=0.6, n_negative_samples=1024, epochs=2.0,
-                           checkpoint_every=200, validation_every=0, log_every=10),
-    "small": TrainingConfig(),
-    "medium": TrainingConfig(),
-    "original": TrainingConfig(),
-}
-assert set(TRAINING_PRESETS) == set(MODEL_PRESETS)
-
-
 @dataclass(frozen=True)
 class RunConfig:
-    model: ModelConfig = field(default_factory=lambda: MODEL_PRESETS["tiny"])
+    model: ModelConfig
     training: TrainingConfig = field(default_factory=TrainingConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,12 +144,9 @@ def _coerce_training(d: dict, source: str) -> TrainingConfig:
     return cfg
 
 
-def build_config(user: dict[str, Any] | None = None, preset: str = "tiny", source: str = "config") -> RunConfig:
-    """The preset's configuration with the user's (partial) dict merged over it; every key checked."""
-    if preset not in MODEL_PRESETS:
-        raise ElmoError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
-    base = MODEL_PRESETS[preset].to_options()
-    base["training"] = dataclasses.asdict(TRAINING_PRESETS[preset])
+def merge_config(base: RunConfig, user: dict[str, Any] | None, source: str = "config") -> RunConfig:
+    """``base`` (a preset) with the user's (partial) config dict merged over it; every key checked."""
+    base_dict = base.to_dict()
     user = dict(user or {})
     if not isinstance(user, dict):
         raise ElmoError(f"{source}: the config must be a JSON object")
@@ -182,21 +159,18 @@ def build_config(user: dict[str, Any] | None = None, preset: str = "tiny", sourc
             user.pop(key)
     if flat:
         user["training"] = {**flat, **user.get("training", {})}
-    merged = _merge(base, user, "", source)
+    merged = _merge(base_dict, user, "", source)
     training = _coerce_training(merged.pop("training"), source)
     model = ModelConfig.from_options(merged, source=source)
     return RunConfig(model=model, training=training)
 
 
-def load_config(path: Path | None = None, preset: str | None = None) -> RunConfig:
-    """Read a config JSON file (partial; the rest from `preset`, default ``tiny``)."""
-    user = None
-    if path is not None:
-        path = Path(path)
-        user = read_json(path, "config file")
-        if not isinstance(user, dict):
-            raise ElmoError(f"{path}: the config must be a JSON object")
-    return build_config(user, preset or "tiny", source=str(path) if path else "config")
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A config JSON file as a dict (partial configs are merged over a preset by `elmo_cli.presets`)."""
+    user = read_json(path, "config file")
+    if not isinstance(user, dict):
+        raise ElmoError(f"{path}: the config must be a JSON object")
+    return user
 
 
 def save_config(config: RunConfig, path: Path) -> None:

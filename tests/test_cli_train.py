@@ -61,7 +61,7 @@ def test_short_run_writes_a_model_directory(shards, config, tmp_path):
 
 
 def test_preset_and_config_keys(shards, tmp_path):
-    from elmo_cli.train_config import build_config, load_config
+    from elmo_cli.presets import build_config, load_config
 
     small = load_config(None, "small")
     assert (small.model.lstm.dim, small.model.lstm.projection_dim, small.model.char_cnn.n_highway) == (1024, 128, 1)

@@ -7,8 +7,10 @@ import torch
 from pathlib import Path
 
 from elmo_cli import h5dump
-from elmo_cli.embed import (DumpProgress, TokenEmbeddings, dump_embeddings, dump_token_embeddings, embed_batch,
-                            length_sorted_batches, reduce_layers)
+from elmo_cli.dump import DumpProgress, dump_embeddings, dump_token_embeddings
+from elmo_cli.embed import TokenEmbeddings, embed_batch
+from elmo_cli.inputs import length_sorted_batches
+from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import load_model
 from vocab.errors import ElmoError
 
@@ -46,11 +48,25 @@ def test_length_sorted_batches():
 
 def test_reduce_layers_hand_computed():
     a = np.stack([np.full((2, 3), v, dtype=np.float32) for v in (1.0, 2.0, 6.0)])  # (3, 2, 3)
-    assert reduce_layers(a, "all") is a
-    assert np.all(reduce_layers(a, "top") == 6.0)
-    assert np.all(reduce_layers(a, "average") == 3.0)
-    mixed = reduce_layers(a, mix=[0.5, 0.25, 0.25], gamma=2.0)
+    assert LayerSelection.parse("all").reduce(a) is a
+    assert np.all(LayerSelection.parse("top").reduce(a) == 6.0)
+    assert np.all(LayerSelection.parse("average").reduce(a) == 3.0)
+    mixed = LayerSelection.parse(mix="0.5,0.25,0.25", gamma=2.0).reduce(a)
     assert mixed.shape == (2, 3) and np.allclose(mixed, 2.0 * (0.5 + 0.5 + 1.5))
+    picked = LayerSelection.parse("2,0").reduce(a)
+    assert picked.shape == (2, 2, 3) and np.all(picked[0] == 6.0) and np.all(picked[1] == 1.0)
+    for sel, shape in (("all", (3, 4, 8)), ("top", (4, 8)), ("average", (4, 8)), ("1,2", (2, 4, 8))):
+        assert LayerSelection.parse(sel).shape(3, 4, 8) == shape
+
+
+@pytest.mark.parametrize("layers, mix, message", [("first", None, "expected all, top, average"),
+                                                  ("1,1", None, "distinct"), ("top", "0.5,0.5", "replaces"),
+                                                  ("all", "a,b", "comma-separated numbers")])
+def test_layer_selection_refuses_bad_spellings(layers, mix, message):
+    with pytest.raises(ElmoError, match=message):
+        LayerSelection.parse(layers, mix)
+    with pytest.raises(ElmoError, match="layers 0..2"):
+        LayerSelection.parse("1,3").check(3)
 
 
 def test_token_memo_eviction_gives_same_vectors(loaded):
@@ -85,7 +101,8 @@ def test_layers_dtype_and_mix(loaded, text_file, tmp_path):
     dump_embeddings(loaded, path, tmp_path / "all.hdf5")
     full, _ = _read(tmp_path / "all.hdf5")
     dump_embeddings(loaded, path, tmp_path / "top.hdf5", layers="top", dtype="float16", compression="gzip")
-    dump_embeddings(loaded, path, tmp_path / "mix.hdf5", mix=[0.2, 0.3, 0.5], gamma=1.5, compression="lzf",
+    dump_embeddings(loaded, path, tmp_path / "mix.hdf5", layers=LayerSelection.parse(mix="0.2,0.3,0.5", gamma=1.5),
+                    compression="lzf",
                     sentence_index=False)
     top, _ = _read(tmp_path / "top.hdf5")
     mix, mix_index = _read(tmp_path / "mix.hdf5")
@@ -95,7 +112,7 @@ def test_layers_dtype_and_mix(loaded, text_file, tmp_path):
         np.testing.assert_allclose(top[k], a[-1], atol=2e-3, rtol=1e-3)
         np.testing.assert_allclose(mix[k], 1.5 * (0.2 * a[0] + 0.3 * a[1] + 0.5 * a[2]), atol=1e-5, rtol=0)
     with pytest.raises(ElmoError, match="3 layers"):
-        dump_embeddings(loaded, path, tmp_path / "bad.hdf5", mix=[0.5, 0.5])
+        dump_embeddings(loaded, path, tmp_path / "bad.hdf5", layers=LayerSelection.parse(mix="0.5,0.5"))
 
 
 def test_token_cache_gives_identical_output(loaded, text_file, tmp_path, reference_dir):
@@ -211,7 +228,7 @@ def test_char_cnn_alone_equals_together(loaded):
 
 
 def test_batched_directions_equal_bilm_embed(loaded):
-    from elmo_cli.embed import StatelessBiLSTM
+    from elmo_cli.model.lstm import BiLSTMKernel
 
     torch.manual_seed(0)
     B, T, P = 4, 7, 64
@@ -219,14 +236,14 @@ def test_batched_directions_equal_bilm_embed(loaded):
     lengths = torch.tensor([7, 2, 5, 3])
     with torch.no_grad():
         want, _ = loaded.model.embed(torch.empty(B, T, 0, dtype=torch.long), lengths, token_embeddings=x)
-        got = StatelessBiLSTM(loaded.model)(x, lengths)
+        got = BiLSTMKernel(loaded.model.forward_lstm, loaded.model.backward_lstm)(x, lengths)
     assert got.shape == want.shape == (3, B, T, 128)
     for b, n in enumerate(lengths.tolist()):  # the boundary positions 0 and n-1 are never dumped
         torch.testing.assert_close(got[:, b, 1 : n - 1], want[:, b, 1 : n - 1], atol=1e-5, rtol=0)
 
 
 def test_slice_states_cuts_and_pads_with_zeros():
-    from elmo_cli.embed import slice_states
+    from elmo_cli.model.lstm import fit_both as slice_states
 
     h, c = torch.ones(2, 3), torch.ones(2, 5)
     states = ([(h, c)], [(h, c)])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from elmo_cli import baselines
 from elmo_cli import evaluate as ev
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
@@ -224,12 +225,12 @@ def test_unigram_baseline_hand_computed(model_dir, tmp_path):
     test = tmp_path / "t.txt"
     test.write_text("the cat sat\n", encoding="utf-8")
     text = load_model(model_dir).text
-    uni = ev.unigram_model([train], text)
+    uni = baselines.unigram_model([train], text)
     V = len(TOKENS)
     # counts: the 3, cat 1, <UNK> 1, </S> 2 (sentences) -> N = 7
     assert uni.counts.sum() == 7 and uni.sentences == 2
     assert uni.counts[text.vocab.id_of("the")] == 3 and uni.counts[text.vocab.unk_id] == 1
-    r = ev.unigram_perplexity(uni, [test], text)
+    r = baselines.unigram_perplexity(uni, [test], text)
     logp = math.log(4 / (7 + V)) + math.log(2 / (7 + V)) + math.log(1 / (7 + V)) + math.log(3 / (7 + V))
     assert r.tokens == 4
     assert r.perplexity == pytest.approx(math.exp(-logp / 4))

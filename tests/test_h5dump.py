@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 
 from elmo_cli import h5dump
+from elmo_cli.layers import LayerSelection
 from vocab.errors import ElmoError
 
 
 def test_dataset_shape_and_partial_names(tmp_path):
-    assert h5dump.dataset_shape("all", 3, 7, 128) == (3, 7, 128)
+    assert LayerSelection.parse("all").shape(3, 7, 128) == (3, 7, 128)
     for mode in ("top", "average", "mix"):
-        assert h5dump.dataset_shape(mode, 3, 7, 128) == (7, 128)
+        assert LayerSelection(mode).shape(3, 7, 128) == (7, 128)
     assert h5dump.partial_path(tmp_path / "o.hdf5").name == "o.hdf5.partial"
     assert h5dump.partial_path(tmp_path / "o.hdf5", 1).name == "o.hdf5.partial.rank1"
 

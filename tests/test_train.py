@@ -19,7 +19,8 @@ import torch
 from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from elmo_cli.loading import load_model
 from elmo_cli.model.bilm import BiLM
-from elmo_cli.train import _init_from, clip_grad_norm, train
+from elmo_cli.loading import init_from as _init_from
+from elmo_cli.train import clip_grad_norm, train
 from train_fixtures import TINY_MODEL, make_shards, tiny_config
 from vocab.errors import ElmoError
 from vocab.shards import ShardDataset, write_shards

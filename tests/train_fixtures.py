@@ -4,7 +4,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from elmo_cli.train_config import RunConfig, build_config
+from elmo_cli.presets import build_config
+from elmo_cli.train_config import RunConfig
 from vocab.shards import write_shards
 from vocab.vocabulary import build_vocab
 

@@ -144,6 +144,18 @@ class atomic_writer:
         publish(self.tmp, self.path)
 
 
+def check_new_output(output: str | Path, force: bool, directory: bool = False) -> None:
+    """The check every command makes before writing its output: ElmoError if ``output`` exists (without
+    ``force``), is a directory where a file is written, or has no parent directory."""
+    output = Path(output)
+    if output.exists() and not force:
+        raise ElmoError(f"{output}: already exists; pass --force to overwrite it")
+    if output.is_dir() and not directory:
+        raise ElmoError(f"{output}: is a directory")
+    if not output.parent.is_dir():
+        raise ElmoError(f"{output.parent}: output directory does not exist")
+
+
 def publish(tmp: str | Path, path: str | Path) -> None:
     """Make a finished temporary file durable and give it its final name: fsync it, rename it over ``path``
     (atomic on one filesystem), fsync the directory. Every atomic write in the project ends here."""

@@ -7,7 +7,7 @@ from torch import nn
 
 from elmo_cli.config import ModelConfig
 from elmo_cli.model.encoder import TokenEncoder
-from elmo_cli.model.lstm import LSTMStack, State
+from elmo_cli.model.lstm import LSTMStack, State, reverse_padded
 from elmo_cli.model.softmax import SharedSoftmax
 
 
@@ -15,18 +15,6 @@ def to_model_chars(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
     """Raw character ids (spec §2) -> prediction form (+1, 0 = no token), as int64 torch."""
     t = torch.as_tensor(np.asarray(raw, dtype=np.int64)) if isinstance(raw, np.ndarray) else raw.long()
     return t + 1
-
-
-def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Reverse each row's first `lengths[b]` steps, leaving the padding in place.
-
-    ``x`` shape `(B, T, ...)`, ``lengths`` `(B,)`. Applying it twice is the identity.
-    """
-    B, T = x.shape[:2]
-    t = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
-    L = lengths.to(x.device).unsqueeze(1)  # (B, 1)
-    idx = torch.where(t < L, L - 1 - t, t)  # (B, T)
-    return x.gather(1, idx.view(B, T, *([1] * (x.dim() - 2))).expand_as(x))
 
 
 class BiLM(nn.Module):
@@ -54,10 +42,6 @@ class BiLM(nn.Module):
     def n_layers(self) -> int:
         """L + 1 output layers."""
         return self.config.lstm.n_layers + 1
-
-    def set_dropout(self, p: float) -> None:
-        for d in (self.forward_lstm.dropout, self.backward_lstm.dropout, self.output_dropout):
-            d.p = p
 
     # ---- prediction ---------------------------------------------------------------------------------------------
     def embed(self, chars: torch.Tensor, lengths: torch.Tensor, states: tuple | None = None,

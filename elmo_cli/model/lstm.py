@@ -1,4 +1,8 @@
-"""The LSTM with projection and clipping of spec §5.3, and the residual stack of §5.4.
+"""The LSTM with projection and clipping of spec §5.3, the residual stack of §5.4, and the inference kernel.
+
+What lives here: `ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `BiLSTMKernel` (both
+stacks of a biLM for stateless inference, the two directions in one batched step loop), `reverse_padded` and the
+state helpers. Every recurrence here uses one gate order, bilm-tf's ``i, j, f, o``.
 
 One step::
 
@@ -21,6 +25,18 @@ from elmo_cli.config import LSTMConfig
 State = tuple[torch.Tensor, torch.Tensor]  # h (B, P), c (B, H)
 
 
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each row's first `lengths[b]` steps, leaving the padding in place.
+
+    ``x`` shape `(B, T, ...)`, ``lengths`` `(B,)`. Applying it twice is the identity.
+    """
+    B, T = x.shape[:2]
+    t = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
+    L = lengths.to(x.device).unsqueeze(1)  # (B, 1)
+    idx = torch.where(t < L, L - 1 - t, t)  # (B, T)
+    return x.gather(1, idx.view(B, T, *([1] * (x.dim() - 2))).expand_as(x))
+
+
 def fit_states(states: list[State] | None, batch_size: int) -> list[State] | None:
     """Carried per-layer states resized to `batch_size` rows: row b continues row b, a shorter batch drops the
     last rows, a longer one starts its extra rows from zero."""
@@ -30,6 +46,16 @@ def fit_states(states: list[State] | None, batch_size: int) -> list[State] | Non
         return torch.cat([t, t.new_zeros(batch_size - t.shape[0], *t.shape[1:])])
 
     return None if states is None else [(fit(h), fit(c)) for h, c in states]
+
+
+def zero_states(stacks: tuple["LSTMStack", "LSTMStack"], batch_size: int, device: torch.device) -> tuple:
+    """All-zero `(forward, backward)` states for two stacks, the start of the carried-state mode."""
+    return tuple([layer.zero_state(batch_size, device) for layer in stack.layers] for stack in stacks)
+
+
+def fit_both(states: tuple, batch_size: int) -> tuple:
+    """`fit_states` applied to both directions of carried `(forward, backward)` states."""
+    return tuple(fit_states(direction, batch_size) for direction in states)
 
 
 class ProjectedLSTMLayer(nn.Module):
@@ -155,3 +181,94 @@ class LSTMStack(nn.Module):
             new_states.append(st)
             x = out
         return outputs, new_states
+
+
+class BiLSTMKernel:
+    """Both LSTM stacks of a biLM for stateless inference, the two directions computed together.
+
+    The forward and backward weights of each layer are stacked on a leading axis of 2, so one step of both
+    directions is one batched product (``baddbmm``: ``(2, B, P) @ (2, P, 4H)``) instead of two. Gates keep the
+    layer's ``i, j, f, o`` column order. The input product of all T steps is one product before the loop, and each
+    step works in place on its slice of it. Same function as the stacks run from zero state at every token
+    position; the boundary positions (``<S>``, ``</S>``), which embeddings drop, are not all computed.
+    """
+
+    def __init__(self, forward: LSTMStack, backward: LSTMStack):
+        first = forward.layers[0]
+        self.H = first.dim
+        self.residual = forward.residual
+        self.cell_clip, self.proj_clip = first.cell_clip, first.proj_clip
+        self.layers = []
+        with torch.no_grad():
+            for fl, bl in zip(forward.layers, backward.layers):
+                both = (fl, bl)
+                self.layers.append((
+                    torch.stack([l.input_weight.t() for l in both]).contiguous(),  # (2, P, 4H)
+                    torch.stack([l.bias + l.forget_bias for l in both]).unsqueeze(1),  # (2, 1, 4H)
+                    torch.stack([l.recurrent_weight.t() for l in both]).contiguous(),  # (2, P, 4H)
+                    torch.stack([l.projection_weight.t() for l in both]).contiguous(),  # (2, H, P)
+                ))
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor, lengths: torch.Tensor,
+                 distinct: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """
+        # Parameters
+        x : token embeddings `(B, T, P)`, each row ``<S> .. </S>`` then padding; lengths : `(B,)`.
+        distinct : optional ``(emb (U, P), idx (B, T))`` with ``x == emb[idx]``: the first layer's input product
+            is then computed once per distinct token and gathered (a sentence batch repeats most tokens).
+
+        # Returns
+        layers `(L+1, B, T, 2P)` as the stacks give them at positions 1 .. length-2 of each row (undefined
+        elsewhere).
+        """
+        inp = torch.stack([x, reverse_padded(x, lengths)])  # (2, B, T, P): the backward stack reads rows reversed
+        outputs = [torch.cat([x, x], dim=-1)]
+        for k, (w_in, bias, w_rec, w_proj) in enumerate(self.layers):
+            xw = self._input_product(inp, lengths, w_in, bias, distinct if k == 0 else None)  # (2, T, B, 4H)
+            out = self._recur(xw, w_rec, w_proj)  # (2, B, T, P)
+            if self.residual and k > 0:
+                out = out + inp
+            outputs.append(torch.cat([out[0], reverse_padded(out[1], lengths)], dim=-1))
+            inp = out
+        return torch.stack(outputs)
+
+    def _input_product(self, inp: torch.Tensor, lengths: torch.Tensor, w_in: torch.Tensor, bias: torch.Tensor,
+                       distinct: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """``inp @ w_in + bias`` for all steps, time-major `(2, T, B, 4H)` so each step's slice is contiguous."""
+        _, B, T, P = inp.shape
+        G = w_in.shape[-1]
+        if distinct is None:
+            inp_t = inp.transpose(1, 2).reshape(2, T * B, P)  # (2, T * B, P)
+            return torch.baddbmm(bias, inp_t, w_in).view(2, T, B, G)
+        emb, idx = distinct
+        xw_u = torch.baddbmm(bias, emb.unsqueeze(0).expand(2, -1, -1), w_in)  # (2, U, 4H)
+        idx_t = torch.stack([idx, reverse_padded(idx, lengths)]).transpose(1, 2)  # (2, T, B)
+        xw = xw_u.new_empty(2, T * B, G)
+        for d in range(2):
+            torch.index_select(xw_u[d], 0, idx_t[d].reshape(-1), out=xw[d])
+        return xw.view(2, T, B, G)
+
+    def _recur(self, xw: torch.Tensor, w_rec: torch.Tensor, w_proj: torch.Tensor) -> torch.Tensor:
+        """The step loop over `xw (2, T, B, 4H)`, in place on each step's slice (not needed afterwards).
+
+        The last step is skipped: a direction's output at its final boundary token (``</S>`` forward, ``<S>``
+        backward) feeds nothing that is kept; position T-1 stays undefined like the padding.
+        """
+        _, T, B, _ = xw.shape
+        H, P = self.H, w_proj.shape[-1]
+        h = xw.new_zeros(2, B, P)
+        c = xw.new_zeros(2, B, H)
+        steps = []
+        for z in xw.unbind(1)[: T - 1]:  # (2, B, 4H), gates i, j, f, o
+            z.baddbmm_(h, w_rec)
+            i, j, fo = z[..., :H].sigmoid_(), z[..., H : 2 * H].tanh_(), z[..., 2 * H :].sigmoid_()
+            c = c.mul_(fo[..., :H]).addcmul_(i, j)
+            if self.cell_clip is not None:
+                c.clamp_(-self.cell_clip, self.cell_clip)
+            h = torch.bmm(torch.tanh(c).mul_(fo[..., H:]), w_proj)  # (2, B, P)
+            if self.proj_clip is not None:
+                h.clamp_(-self.proj_clip, self.proj_clip)
+            steps.append(h)
+        steps.append(torch.zeros_like(h))
+        return torch.stack(steps, dim=2)  # (2, B, T, P)

@@ -1,0 +1,89 @@
+"""The references a biLM is measured against, scored on the same targets as `elmo_cli.evaluate`: torch-free.
+
+- `UnigramModel`: add-one smoothed unigram over the model vocabulary, counted from the training text.
+- Kneser-Ney: `elmo_cli.kneser_ney`, built here from the same sentences.
+
+Every model here takes already-read sentences (`elmo_cli.inputs`), uses the model's vocabulary and ``<UNK>``
+mapping, and counts one boundary target per sentence and direction, as `evaluate` does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elmo_cli.inputs import Inputs
+from vocab.errors import ElmoError
+from vocab.tokenize import TextEncoder
+
+
+@dataclass
+class UnigramModel:
+    """Add-one smoothed unigram over the model vocabulary: ``P(id) = (count(id) + 1) / (N + V)``.
+
+    ``counts`` (V,) int64: each training word under its vocabulary id (unknown words as ``<UNK>``) and the
+    boundary target once per sentence under ``</S>``; N = counts.sum() = words + sentences. This is the forward
+    distribution; the backward one swaps ``<S>`` and ``</S>`` and gives the same perplexity on any text, so one
+    number serves both directions.
+    """
+
+    counts: np.ndarray
+    sentences: int
+
+    def log_probs(self) -> np.ndarray:
+        """Natural-log probability of each vocabulary id, float64 (V,)."""
+        return np.log(self.counts + 1.0) - math.log(self.counts.sum() + len(self.counts))
+
+
+@dataclass
+class UnigramResult:
+    perplexity: float
+    tokens: int  # targets scored (the same definition as EvalResult.tokens)
+    train_tokens: int  # N of the unigram model
+
+
+def unigram_model(train_inputs: list[str | Path], text: TextEncoder, errors: str = "strict") -> UnigramModel:
+    """Count a training corpus (text files or shard directories) into a `UnigramModel` over ``text.vocab``."""
+    if text.vocab is None:
+        raise ElmoError("the unigram baseline needs the model's vocab.txt")
+    vocab = text.vocab
+    counts = np.zeros(len(vocab), dtype=np.int64)
+    sentences = 0
+    pending: list[np.ndarray] = []
+    have = 0
+    for ln in Inputs(train_inputs, text, errors).lines():
+        if ln.blank:
+            continue
+        sentences += 1
+        pending.append(ln.ids)
+        have += len(ln.ids)
+        if have >= 1 << 20:  # one O(V) bincount per million words, not per sentence
+            counts += np.bincount(np.concatenate(pending), minlength=len(vocab))
+            pending, have = [], 0
+    if pending:
+        counts += np.bincount(np.concatenate(pending), minlength=len(vocab))
+    if sentences == 0:
+        raise ElmoError(f"{', '.join(map(str, train_inputs))}: no sentences to estimate the unigram baseline from")
+    counts[vocab.eos_id] += sentences
+    return UnigramModel(counts, sentences)
+
+
+def unigram_perplexity(unigram: UnigramModel, inputs: list[str | Path], text: TextEncoder,
+                       exclude_unk: bool = False, errors: str = "strict") -> UnigramResult:
+    """The unigram's perplexity on the targets `evaluate` scores (words + one ``</S>`` per sentence)."""
+    vocab = text.vocab
+    if vocab is None or len(vocab) != len(unigram.counts):
+        raise ElmoError("the unigram baseline was counted over a different vocabulary than the model's")
+    logp = unigram.log_probs()
+    total, tokens = 0.0, 0
+    for ln in Inputs(inputs, text, errors).lines():
+        if ln.blank:
+            continue
+        ids = ln.ids[ln.ids != vocab.unk_id] if exclude_unk else ln.ids
+        total += float(logp[ids].sum()) + logp[vocab.eos_id]
+        tokens += len(ids) + 1
+    if tokens == 0:
+        raise ElmoError(f"{', '.join(map(str, inputs))}: nothing to score with the unigram baseline")
+    return UnigramResult(math.exp(-total / tokens), tokens, int(unigram.counts.sum()))

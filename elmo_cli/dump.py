@@ -1,0 +1,262 @@
+"""Embedding files: `dump_embeddings` (text file -> HDF5, spec §6) and `dump_token_embeddings` (the token cache).
+
+A dump reads its input in windows of ``window_batches * batch_size`` lines; within a window the lines are sorted
+by length into batches (stateless) or kept in input order (stateful), embedded by `elmo_cli.embed.embed_batch`,
+reduced by a `LayerSelection` and written in line order, so memory does not grow with the input. Output goes to
+``OUTPUT.partial`` (layout and bookkeeping: `elmo_cli.h5dump`) and is renamed when complete; ``resume`` continues
+an interrupted run from its last complete window. Under torchrun each rank embeds lines ``i % world == rank``
+into its own part file and rank 0 merges them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import h5py
+import numpy as np
+import torch
+
+from elmo_cli import h5dump
+from elmo_cli.distributed import init_distributed
+from elmo_cli.embed import ENCODER_CHUNK, TokenEmbeddings, embed_batch, token_embeddings
+from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batches
+from elmo_cli.layers import LayerSelection
+from elmo_cli.loading import LoadedModel, set_threads
+from elmo_cli.model.bilm import BiLM
+from elmo_cli.model.lstm import BiLSTMKernel, fit_both, zero_states
+from vocab.errors import ElmoError
+from vocab.text import STDIN, check_new_output, publish, read_lines
+
+WINDOW_BATCHES = 100  # lines are sorted by length within windows of this many batches
+
+
+@dataclass
+class DumpProgress:
+    """What `dump_embeddings` reports after each batch (this process's share of the lines under torchrun)."""
+
+    lines: int  # lines done, resumed ones included
+    tokens: int  # tokens embedded by this run
+    total: int | None  # lines to do in all, when the input is a file
+
+
+@dataclass
+class DumpResult:
+    output: Path
+    lines: int
+    tokens: int
+    resumed_from: int
+
+
+def model_fingerprint(model: BiLM) -> str:
+    """A short digest of the weights, so `--resume` refuses to mix two models in one file."""
+    h = hashlib.sha256(json.dumps(model.config.to_options(), sort_keys=True).encode())
+    for name, p in sorted(model.state_dict().items()):
+        if name.startswith("softmax"):
+            continue
+        h.update(name.encode())
+        h.update(np.float64(p.detach().float().sum().item()).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _check_arguments(input_path: Path, output: Path, select: LayerSelection, n_layers: int, batch_size: int,
+                     dtype: str, compression: str, force: bool) -> None:
+    select.check(n_layers)
+    if dtype not in h5dump.DTYPES:
+        raise ElmoError(f"--dtype {dtype!r}: expected one of {', '.join(h5dump.DTYPES)}")
+    if compression not in h5dump.COMPRESSIONS:
+        raise ElmoError(f"--compression {compression!r}: expected one of {', '.join(h5dump.COMPRESSIONS)}")
+    if batch_size < 1:
+        raise ElmoError(f"--batch-size must be at least 1, got {batch_size}")
+    if str(input_path) != STDIN and not input_path.is_file():
+        raise ElmoError(f"{input_path}: input file not found")
+    check_new_output(output, force)
+
+
+class _Window:
+    """Embeds and writes one window of lines at a time into the open partial file (this rank's share)."""
+
+    def __init__(self, f: h5py.File, loaded: LoadedModel, tokens: TokenEmbeddings, select: LayerSelection,
+                 batch_size: int, dtype: str, compression: str, stateful: bool):
+        self.f, self.model, self.device, self.tokens = f, loaded.model, loaded.device, tokens
+        self.select, self.batch_size, self.dtype, self.compression = select, batch_size, dtype, compression
+        self.stateful = stateful
+        self.lstm = None if stateful else BiLSTMKernel(self.model.forward_lstm, self.model.backward_lstm)
+        self.states: tuple | None = None
+        self.lines = self.tokens_done = 0
+
+    def batches(self, items: list[tuple[int, list[str]]]) -> list[list[int]]:
+        if self.stateful:  # input order, empty lines included as "<S> </S>" (they advance the state, as bilm-tf)
+            return input_order_batches(len(items), self.batch_size)
+        nonempty = [k for k, (_, toks) in enumerate(items) if toks]
+        self.lines += len(items) - len(nonempty)  # an empty line's dataset is complete once created
+        return [[nonempty[j] for j in b]
+                for b in length_sorted_batches([len(items[k][1]) for k in nonempty], self.batch_size)]
+
+    def write(self, items: list[tuple[int, list[str]]], end: int, report: Callable[[], None]) -> None:
+        """Embed and write ``items`` (line index, tokens), then record lines < end as complete."""
+        L1, D = self.model.n_layers, self.model.config.output_dim
+        datasets = {i: h5dump.create_line_dataset(self.f, i, self.select.shape(L1, len(toks), D), self.dtype,
+                                                  self.compression)
+                    for i, toks in items}  # created in line order, so the file lists them in input order
+        for batch in self.batches(items):
+            if self.stateful:
+                self.states = zero_states((self.model.forward_lstm, self.model.backward_lstm), len(batch),
+                                          self.device) if self.states is None else fit_both(self.states, len(batch))
+            out, n, new_states = embed_batch(self.model, self.tokens, [items[k][1] for k in batch], self.states,
+                                             self.lstm)
+            if self.stateful:
+                self.states = new_states
+            for b, k in enumerate(batch):
+                if n[b]:
+                    datasets[items[k][0]][...] = self.select.reduce(out[:, b, 1 : n[b] + 1])
+            self.lines += len(batch)
+            self.tokens_done += sum(n)
+            report()
+        h5dump.mark_completed(self.f, end)
+
+
+def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
+                    layers: LayerSelection | str = "all", batch_size: int = 64, dtype: str = "float32",
+                    compression: str = "none", stateful: bool = False, resume: bool = False, force: bool = False,
+                    sentence_index: bool = True, token_cache: Path | None = None, errors: str = "strict",
+                    window_batches: int = WINDOW_BATCHES, threads: int | None = None,
+                    on_progress: Callable[[DumpProgress], None] | None = None,
+                    on_warning: Callable[[str], None] | None = None) -> DumpResult:
+    """Embed every line of a text file into one HDF5 file (see the module docstring).
+
+    # Parameters
+    layers : a `LayerSelection` or its ``--layers`` spelling; ``all`` writes `(L+1, n, 2P)` per line.
+    stateful : carry LSTM state from batch to batch in input order (the legacy bilm-tf/allennlp behaviour).
+    threads : torch's CPU threads for this dump (default: torch's choice).
+    """
+    output, input_path = Path(output), Path(input_path)
+    select = layers if isinstance(layers, LayerSelection) else LayerSelection.parse(layers)
+    _check_arguments(input_path, output, select, loaded.model.n_layers, batch_size, dtype, compression, force)
+    set_threads(threads)
+    if stateful and on_warning:
+        on_warning("--stateful: LSTM state is carried from batch to batch, so a sentence's vectors depend on the "
+                   "lines before it and on --batch-size (the legacy bilm-tf/allennlp behaviour)")
+    ddp, device = init_distributed(loaded.device)
+    if device != loaded.device:  # a torchrun rank on a GPU takes the GPU of its LOCAL_RANK
+        loaded.model.to(device)
+        loaded = dataclasses.replace(loaded, device=device)
+    rank, world = ddp.rank, ddp.world_size
+    if world > 1 and str(input_path) == STDIN:
+        raise ElmoError("under torchrun the input must be a file (every rank reads it), not standard input")
+    settings = {
+        "input": str(input_path.resolve()) if str(input_path) != STDIN else STDIN,
+        "input_bytes": input_path.stat().st_size if str(input_path) != STDIN else None,
+        **select.settings(), "dtype": dtype, "compression": compression, "stateful": stateful,
+        "batch_size": batch_size if stateful else None, "model": model_fingerprint(loaded.model),
+        "world_size": world,
+    }
+    total = count_lines(input_path)
+    my_total = None if total is None else len(range(rank, total, world))
+    part = h5dump.partial_path(output, rank if world > 1 else None)
+    f, completed = h5dump.open_partial(part, settings, resume)
+    window = _Window(f, loaded, token_embeddings(loaded, token_cache), select, batch_size, dtype, compression,
+                     stateful)
+    window.lines = len(range(rank, completed, world))
+
+    def report() -> None:
+        if on_progress:
+            on_progress(DumpProgress(window.lines, window.tokens_done, my_total))
+
+    try:
+        report()
+        n_lines, index = _embed_windows(input_path, errors, loaded.text.tokenize, completed, rank, world,
+                                        max(1, window_batches) * batch_size, window, report,
+                                        sentence_index and rank == 0)
+        if world == 1:
+            h5dump.strip_bookkeeping(f)
+            if sentence_index:
+                h5dump.write_sentence_index(f, index)
+            f.close()
+            publish(part, output)
+        else:
+            f.close()
+            _merge_ranks(output, rank, world, n_lines, index if sentence_index else None)
+    finally:
+        if f.id.valid:
+            f.close()
+    return DumpResult(output, n_lines, window.tokens_done, completed)
+
+
+def _embed_windows(input_path: Path, errors: str, tokenize: Callable[[str], list[str]], completed: int, rank: int,
+                   world: int, size: int, window: _Window, report: Callable[[], None], index: bool
+                   ) -> tuple[int, dict[str, str]]:
+    """Read the input once, handing this rank's lines past ``completed`` to `window` ``size`` lines at a time.
+
+    # Returns
+    the number of input lines and ``sentence_to_index`` (empty unless ``index``).
+    """
+    sentence_to_index: dict[str, str] = {}
+    pending: list[tuple[int, list[str]]] = []
+    start = completed
+    i = -1
+    for i, (_, _, line) in enumerate(read_lines([str(input_path)], errors=errors)):
+        if index:
+            sentence_to_index[line.strip()] = str(i)
+        if i < completed:
+            continue
+        if i % world == rank:
+            pending.append((i, tokenize(line)))
+        if i + 1 - start >= size:
+            window.write(pending, i + 1, report)
+            pending, start = [], i + 1
+    if pending or i + 1 > start:
+        window.write(pending, i + 1, report)
+    return i + 1, sentence_to_index
+
+
+def _merge_ranks(output: Path, rank: int, world: int, n_lines: int, sentence_to_index: dict | None) -> None:
+    """After a barrier rank 0 copies every rank's part, in line order, into one file; the others wait for it."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank == 0:
+        parts = [h5dump.partial_path(output, r) for r in range(world)]
+        tmp = h5dump.partial_path(output)
+        handles = [h5py.File(p, "r") for p in parts]
+        try:
+            with h5py.File(tmp, "w", track_order=True) as f:
+                for i in range(n_lines):
+                    src = handles[i % world]
+                    src.copy(src[str(i)], f, name=str(i))
+                if sentence_to_index is not None:
+                    h5dump.write_sentence_index(f, sentence_to_index)
+        finally:
+            for h in handles:
+                h.close()
+        publish(tmp, output)
+        for p in parts:
+            p.unlink(missing_ok=True)
+    dist.barrier()
+
+
+# ---- dump-token-embeddings ------------------------------------------------------------------------------------------
+def dump_token_embeddings(loaded: LoadedModel, vocab_path: Path, output: Path, force: bool = False,
+                          on_progress: Callable[[int, int], None] | None = None) -> tuple[Path, int]:
+    """bilm-tf's token cache: the encoder output of every vocabulary line, ``embedding (V, P)`` (+ ``tokens``).
+
+    # Returns
+    the output path and V.
+    """
+    from vocab.vocabulary import Vocabulary
+
+    output = Path(output)
+    check_new_output(output, force)
+    vocab = Vocabulary.load(vocab_path)
+    store = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device)
+    parts = []
+    with torch.no_grad():
+        for s in range(0, len(vocab), 4 * ENCODER_CHUNK):
+            parts.append(store.encode(vocab.tokens[s : s + 4 * ENCODER_CHUNK]).cpu().numpy())
+            if on_progress:
+                on_progress(min(s + 4 * ENCODER_CHUNK, len(vocab)), len(vocab))
+    h5dump.write_token_cache(output, vocab.tokens, np.concatenate(parts))
+    return output, len(vocab)
