@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-ORDER = ["shard", "train", "evaluate", "embed"]
+ORDER = ["shard", "train", "evaluate", "embed", "kn"]
 
 
 def main(argv: list[str]) -> int:
