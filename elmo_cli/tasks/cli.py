@@ -1,0 +1,209 @@
+"""`elmo-cli task ...`: a Typer sub-app (`task_app`) that trains, evaluates and applies task models on ELMo.
+
+Only parsing and printing live here; the work is in `train`, `compare` and `apply`. Each command body runs in
+`_user_errors()`: an `ElmoError` becomes ``error: <message>`` on stderr and exit code 1.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vocab.errors import ElmoError
+
+task_app = typer.Typer(help="Task models on ELMo: tagging (CoNLL, CoNLL-U) and sentence classification (TSV).",
+                       no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+console = Console()
+err_console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Print an ElmoError as one line on stderr and exit 1 (as elmo_cli.cli does)."""
+    try:
+        yield
+    except ElmoError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise typer.Exit(code=130)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def _epoch_line(row: dict) -> None:
+    dev = row["dev"]
+    metric = f"span F1 {_pct(dev['span']['f1'])}" if dev.get("span") else f"accuracy {_pct(dev['accuracy'])}"
+    err_console.print(f"  epoch {row['epoch']}: loss {row['train_loss']:.4f}, dev {metric}, "
+                      f"macro-F1 {_pct(dev['macro_f1'])} ({row['seconds']:.1f} s, biLM {row['bilm_seconds']:.1f} s)",
+                      highlight=False)
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+
+
+def _mix_text(mix: dict) -> str:
+    parts = [f"{where} [{', '.join(f'{w:.2f}' for w in m['weights'])}] γ={m['gamma']:.2f}"
+             for where, m in mix.items()]
+    return "; ".join(parts) or "-"
+
+
+def _compare_table(result: dict) -> Table:
+    table = Table(title=f"{result['metric']} on {result['evaluated_on']} (seed {result['seed']})")
+    for col in ("arm", result["metric"], "Δ abs (points)", "rel. error reduction", "mix weights (softmax), γ",
+                "best epoch"):
+        table.add_column(col)
+    for row in result["arms"]:
+        rel = row["relative_error_reduction"]
+        table.add_row(f"({row['arm']}) {row['name']}", _pct(row["metric"]), f"{100 * row['absolute']:+.2f}",
+                      "-" if rel is None else f"{100 * rel:+.1f}%", _mix_text(row["mix"]), str(row["best_epoch"]))
+    return table
+
+
+def _metrics_table(m: dict, title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("accuracy" if m.get("kind") == "classification" else "token accuracy", _pct(m["accuracy"]))
+    table.add_row("macro-F1", _pct(m["macro_f1"]))
+    if m.get("span"):
+        sp = m["span"]
+        table.add_row(f"span precision ({m['scheme']})", _pct(sp["precision"]))
+        table.add_row("span recall", _pct(sp["recall"]))
+        table.add_row("span F1 (conlleval)", _pct(sp["f1"]))
+    table.add_row("items", f"{m['n']:,}")
+    return table
+
+
+def _settings(**kw):
+    from elmo_cli.tasks.train import TrainSettings, parse_duration
+
+    kw["max_time"] = parse_duration(kw["max_time"])
+    return TrainSettings(**kw)
+
+
+@task_app.command("train")
+def cli_train(
+    kind: str = typer.Option(..., "--kind", help="tagging | classification"),
+    train: Path = typer.Option(..., "--train", help="Training file: CoNLL / CoNLL-U (tagging) or TSV label<TAB>text."),
+    dev: Path = typer.Option(..., "--dev", help="Dev file (same format): picks the best epoch."),
+    output: Path = typer.Option(..., "--output", "-o", help="Task directory to write (with --compare: one per arm)."),
+    model: Optional[Path] = typer.Option(None, "--model", help="The biLM directory (a trained run or an export)."),
+    no_elmo: bool = typer.Option(False, "--no-elmo", help="Train without ELMo (word embeddings only)."),
+    epochs: int = typer.Option(10, "--epochs"),
+    max_time: Optional[str] = typer.Option(None, "--max-time", help="Stop after the epoch that passes this: 90s, 30m."),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    seed: int = typer.Option(0, "--seed"),
+    lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate."),
+    word_vectors: Optional[Path] = typer.Option(None, "--word-vectors", help="GloVe / word2vec text file."),
+    min_count: int = typer.Option(1, "--min-count", help="Training words seen fewer times share <UNK>."),
+    hidden_dim: int = typer.Option(128, "--hidden-dim", help="BiLSTM size per direction."),
+    word_dim: int = typer.Option(100, "--word-dim", help="Word embedding size (--word-vectors sets it)."),
+    label_column: str = typer.Option("upos", "--label-column", help="CoNLL-U column: upos, xpos, deprel, ..."),
+    format: str = typer.Option("auto", "--format", help="auto | conll | conllu | tsv"),
+    max_length: int = typer.Option(200, "--max-length", help="Longer sentences are split into pieces."),
+    layers: str = typer.Option("all", "--layers", help="ELMo at the input: all (learned mix) or top."),
+    elmo_output: bool = typer.Option(False, "--elmo-output", help="Also ELMo at the BiLSTM output [h_k; ELMo_k]."),
+    layer_norm: bool = typer.Option(False, "--layer-norm", help="ScalarMix layer normalisation."),
+    embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="dump-embeddings --layers all file."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Run the biLM on every batch (for timing)."),
+    cache_dtype: str = typer.Option("float32", "--cache-dtype", help="float32 | float16 (layer cache in memory)."),
+    cache_max_mb: int = typer.Option(2048, "--cache-max-mb", help="Memory for cached layers; the rest spills to HDF5."),
+    compare: bool = typer.Option(False, "--compare", help="Train (a) no ELMo (b) top layer (c) mix [(d) output]."),
+    test: Optional[Path] = typer.Option(None, "--test", help="With --compare: evaluate every arm here (else --dev)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N"),
+) -> None:
+    """Train a tagger or sentence classifier on the frozen biLM's learned layer mix; keep the best dev epoch."""
+    with _user_errors():
+        if (model is not None or embeddings is not None) == no_elmo:
+            raise ElmoError("give exactly one of --model ELMO_DIR (or --embeddings F.hdf5) and --no-elmo")
+        if layers not in ("all", "top"):
+            raise ElmoError(f"--layers {layers!r}: use all or top")
+        s = _settings(kind=kind, train_path=train, dev_path=dev, output=output, model_dir=model,
+                      embeddings=embeddings, elmo="none" if no_elmo else {"all": "mix", "top": "top"}[layers],
+                      elmo_output=elmo_output and not no_elmo, layer_norm=layer_norm, epochs=epochs,
+                      max_time=max_time, batch_size=batch_size, lr=lr, seed=seed, word_vectors=word_vectors,
+                      min_count=min_count, hidden_dim=hidden_dim, word_dim=word_dim, label_column=label_column, fmt=format,
+                      max_length=max_length, cache=not no_cache, cache_dtype=cache_dtype, cache_max_mb=cache_max_mb,
+                      device=device)
+        on_epoch = None if json_out else _epoch_line
+        if compare:
+            from elmo_cli.tasks.compare import compare as run_compare
+
+            on_arm = None if json_out else (lambda name: err_console.print(f"training {name}", highlight=False))
+            result = run_compare(s, test, elmo_output, on_arm, on_epoch)
+            _warn(result["warnings"])
+            if json_out:
+                print(json.dumps(result))
+            else:
+                console.print(_compare_table(result))
+            return
+        from elmo_cli.tasks.train import train_task
+
+        result = train_task(s, on_epoch)
+        _warn(result.warnings)
+        if json_out:
+            print(json.dumps(result.metrics))
+            return
+        m = result.metrics
+        console.print(f"wrote {output}: best epoch {m['best_epoch']}, dev {m['metric']} "
+                      f"{_pct(m['dev']['span']['f1'] if m['dev'].get('span') else m['dev']['accuracy'])}; "
+                      f"ELMo {_mix_text(result.model.mix_summary())}", highlight=False)
+
+
+@task_app.command("evaluate")
+def cli_evaluate(
+    test: Path = typer.Argument(..., help="Labelled file in the training format."),
+    task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
+    format: str = typer.Option("auto", "--format", help="auto | conll | conllu | tsv"),
+    embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="dump-embeddings --layers all file."),
+    batch_size: int = typer.Option(64, "--batch-size"),
+    json_out: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Tagging: token accuracy, macro-F1, conlleval span F1 (BIO/IOB1/BIOES); classification: accuracy, macro-F1."""
+    with _user_errors():
+        from elmo_cli.tasks.apply import evaluate_file
+
+        m = evaluate_file(task, test, format, embeddings, batch_size, device)
+        if m["unknown_labels"]:
+            _warn([f"{test}: label(s) unknown at training time, counted wrong: "
+                   + ", ".join(f"{k} ({v})" for k, v in m["unknown_labels"].items())])
+        if m["split_sentences"]:
+            _warn([f"{test}: {m['split_sentences']} sentence(s) longer than the task's max length were split"])
+        if json_out:
+            print(json.dumps(m))
+        else:
+            console.print(_metrics_table(m, str(test)))
+
+
+@task_app.command("predict")
+def cli_predict(
+    input: Path = typer.Argument(..., help="One sentence per line, or a CoNLL / CoNLL-U file (labels ignored)."),
+    output: Path = typer.Argument(..., help="CoNLL (token TAB label) for tagging, TSV (label TAB text) otherwise."),
+    task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
+    format: str = typer.Option("auto", "--format", help="auto | text | conll | conllu | tsv"),
+    embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="dump-embeddings --layers all file."),
+    batch_size: int = typer.Option(64, "--batch-size"),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Label every sentence of INPUT and write OUTPUT atomically."""
+    with _user_errors():
+        from elmo_cli.tasks.apply import predict_file
+
+        r = predict_file(task, input, output, format, embeddings, batch_size, device)
+        if r["split_sentences"]:
+            _warn([f"{input}: {r['split_sentences']} sentence(s) longer than the task's max length were split "
+                   f"(their pieces' labels are joined)"])
+        console.print(f"wrote {output}: {r['sentences']:,} sentences, {r['tokens']:,} tokens", highlight=False)

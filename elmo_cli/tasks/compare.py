@@ -1,0 +1,76 @@
+"""The paper's ablation: the same data and seed trained without ELMo and with it in three ways.
+
+    a  no ELMo                     word embeddings -> BiLSTM
+    b  ELMo, top layer             [x_k; gamma * h_top]
+    c  ELMo, learned mix           [x_k; gamma * sum_j s_j h_j]            (the L+1 layers)
+    d  ELMo, input and output      c, plus [h_k; ELMo'_k] at the BiLSTM output (with --elmo-output)
+
+Every arm is evaluated on the test file (or dev). Each row gives the metric, its absolute difference from (a)
+in points, the relative error reduction ``(err_a - err) / err_a``, and the mix weights (softmax-normalised) and
+gamma the arm learned. The biLM runs once: one `LayerCache` serves every arm.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from elmo_cli.tasks import formats
+from elmo_cli.tasks.metrics import primary, primary_name
+from elmo_cli.tasks.predict import evaluate_examples
+from elmo_cli.tasks.store import save_task
+from elmo_cli.tasks.train import (TrainSettings, build_model, fit, load_embedder, make_cache, read_data,
+                                  tokenizer_of)
+from vocab.errors import ElmoError
+
+ARMS = (
+    ("a", "no-elmo", "no ELMo", "none", False),
+    ("b", "elmo-top", "ELMo, top layer", "top", False),
+    ("c", "elmo-mix", "ELMo, learned mix of all layers", "mix", False),
+    ("d", "elmo-mix-output", "ELMo mix at input and output", "mix", True),
+)
+
+
+def error_reduction(baseline: float, value: float) -> float | None:
+    """``(err_a - err) / err_a`` with ``err = 1 - metric``: ``error_reduction(0.90, 0.92) -> 0.2``."""
+    err_a = 1.0 - baseline
+    return (err_a - (1.0 - value)) / err_a if err_a > 0 else None
+
+
+def compare(s: TrainSettings, test_path: Path | None = None, elmo_output: bool = False,
+            on_arm: Callable[[str], None] | None = None, on_epoch: Callable[[dict], None] | None = None) -> dict:
+    """Train and evaluate every arm; writes each to ``s.output/<key>-<name>/``. Returns the table as a dict."""
+    if s.model_dir is None and s.embeddings is None:
+        raise ElmoError("--compare needs the biLM: give --model ELMO_DIR (or --embeddings F.hdf5)")
+    embedder = load_embedder(s.model_dir, s.device)
+    tokenize, tokenizer = tokenizer_of(embedder)
+    data = read_data(s, tokenize)
+    eval_path = test_path or s.dev_path
+    test = formats.read_examples(eval_path, s.kind, s.fmt, s.label_column, tokenize)
+    cache = make_cache(s, embedder)
+    rows = []
+    try:
+        for key, slug, title, elmo, output in ARMS[: 4 if elmo_output else 3]:
+            if on_arm is not None:
+                on_arm(f"({key}) {title}")
+            arm = replace(s, elmo=elmo, elmo_output=output,
+                          output=Path(s.output) / f"{key}-{slug}" if s.output is not None else None)
+            uses = elmo != "none" or output
+            model, _ = build_model(arm, data, embedder if uses else None, cache if uses else None, tokenizer)
+            metrics = fit(model, arm, data, on_epoch)
+            metrics["test"] = evaluate_examples(model, test)
+            if arm.output is not None:
+                save_task(arm.output, model, metrics)
+            rows.append({"arm": key, "name": title, "metric": primary(metrics["test"]), "test": metrics["test"],
+                         "best_epoch": metrics["best_epoch"], "dev_metric": primary(metrics["dev"]),
+                         "mix": model.mix_summary(), "seconds": sum(h["seconds"] for h in metrics["history"]),
+                         "cache_fill_seconds": metrics["cache_fill_seconds"]})
+    finally:
+        if cache is not None:
+            cache.close()
+    base = rows[0]["metric"]
+    for row in rows:
+        row["absolute"] = row["metric"] - base
+        row["relative_error_reduction"] = error_reduction(base, row["metric"])
+    return {"metric": primary_name(rows[0]["test"]), "evaluated_on": str(eval_path), "seed": s.seed,
+            "arms": rows, "warnings": data.warnings}

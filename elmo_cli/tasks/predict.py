@@ -1,0 +1,75 @@
+"""Running a task model on examples: predicted labels, and the metrics of `evaluate`.
+
+Sentences longer than the model's ``max_length`` are cut into pieces (as in training), run as separate rows, and
+put back together: a tagging sentence gets its pieces' labels in order, a classification text the label with the
+highest mean log-probability over its pieces. Batches group sentences of similar length.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from elmo_cli.tasks.formats import Example, piece_counts, split_long
+from elmo_cli.tasks.metrics import classification_metrics, tagging_metrics
+from elmo_cli.tasks.model import TaskModel
+
+
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Positions grouped by length, longest first: ``length_batches([3, 9, 1, 8], 2) -> [[1, 3], [0, 2]]``"""
+    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def fill_cache(model: TaskModel, sentences: list[list[str]]) -> None:
+    """Run the biLM once over every sentence not in the model's layer cache (if it has one)."""
+    elmo = model.elmo_in or model.elmo_out
+    if elmo is not None and elmo.cache is not None:
+        elmo.cache.fill(sentences)
+
+
+@torch.no_grad()
+def piece_outputs(model: TaskModel, pieces: list[list[str]], batch_size: int = 64) -> list[torch.Tensor]:
+    """Per piece: tagging log-probabilities `(n, C)`, classification `(C,)`; the model is put in eval mode."""
+    model.eval()
+    fill_cache(model, pieces)
+    out: list[torch.Tensor | None] = [None] * len(pieces)
+    for batch in length_batches([len(p) for p in pieces], batch_size):
+        logits, _ = model([pieces[k] for k in batch])  # (B, T, C) or (B, C)
+        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        for b, k in enumerate(batch):
+            out[k] = logp[b, : len(pieces[k])] if model.config.kind == "tagging" else logp[b]
+    return out  # type: ignore[return-value]
+
+
+def predict_examples(model: TaskModel, examples: list[Example], batch_size: int = 64) -> list:
+    """Predicted labels: a list of labels per sentence (tagging) or one label per text (classification)."""
+    pieces, _ = split_long(examples, model.config.max_length)
+    outputs = piece_outputs(model, [p.tokens for p in pieces], batch_size)
+    labels = model.config.labels
+    result, k = [], 0
+    for n in piece_counts(examples, model.config.max_length):
+        parts = outputs[k : k + n]
+        k += n
+        if model.config.kind == "tagging":
+            result.append([labels[i] for part in parts for i in part.argmax(-1).tolist()])
+        else:
+            result.append(labels[int(torch.stack(parts).mean(0).argmax())])
+    return result
+
+
+def evaluate_examples(model: TaskModel, examples: list[Example], batch_size: int = 64) -> dict:
+    """`tagging_metrics` or `classification_metrics` of the model on labelled examples, plus
+    ``unknown_labels``: the gold labels the model never saw in training and how often they occur (always
+    counted wrong)."""
+    guess = predict_examples(model, examples, batch_size)
+    gold = [ex.labels for ex in examples]
+    known = set(model.config.labels)
+    if model.config.kind == "tagging":
+        metrics = tagging_metrics(gold, guess)
+        unknown = Counter(lab for s in gold for lab in s if lab not in known)
+    else:
+        metrics = classification_metrics(gold, guess)
+        unknown = Counter(lab for lab in gold if lab not in known)
+    metrics["unknown_labels"] = dict(sorted(unknown.items()))
+    return metrics

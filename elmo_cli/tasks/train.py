@@ -1,0 +1,270 @@
+"""Training a task model: read the data, cache the biLM's layers once, train, keep the best epoch on dev.
+
+    train_task(settings) -> TrainResult          one model, written to settings.output
+    (compare.py runs `fit` once per ELMo arm on shared `TaskData` and one `LayerCache`)
+
+The loop is plain: Adam, batches of shuffled sentences (seeded), cross-entropy over real tokens (tagging) or texts
+(classification), the dev metric after every epoch, and a copy of the weights of the best epoch. Seconds per
+epoch and the biLM's seconds within them are logged, so the layer cache's effect can be measured
+(``--no-cache`` runs the biLM on every batch of every epoch).
+"""
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from elmo_cli.tasks import formats
+from elmo_cli.tasks.features import LayerCache
+from elmo_cli.tasks.metrics import primary, primary_name
+from elmo_cli.tasks.model import TaskConfig, TaskModel, build_words
+from elmo_cli.tasks.predict import evaluate_examples, fill_cache
+from elmo_cli.tasks.store import build_elmo, save_task
+from elmo_cli.tasks.vectors import read_vectors
+from vocab.errors import ElmoError
+
+
+@dataclass
+class TrainSettings:
+    kind: str
+    train_path: Path
+    dev_path: Path
+    output: Path | None = None
+    model_dir: Path | None = None  # the biLM; None = no ELMo (unless `embeddings` holds every sentence)
+    embeddings: Path | None = None  # a dump-embeddings --layers all file read before running the biLM
+    elmo: str = "mix"  # none | top | mix
+    elmo_output: bool = False
+    layer_norm: bool = False
+    epochs: int = 10
+    max_time: float | None = None  # seconds for the whole run
+    batch_size: int = 32
+    lr: float = 1e-3
+    seed: int = 0
+    word_vectors: Path | None = None
+    min_count: int = 1
+    word_dim: int = 100
+    hidden_dim: int = 128
+    label_column: str = "upos"
+    fmt: str = "auto"
+    max_length: int = 200
+    cache: bool = True
+    cache_dtype: str = "float32"
+    cache_max_mb: int = 2048
+    device: str = "cpu"
+
+
+@dataclass
+class TaskData:
+    train: list[formats.Example]  # split into pieces of at most max_length tokens
+    dev: list[formats.Example]  # as read (prediction splits and re-joins)
+    labels: tuple[str, ...]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    model: TaskModel
+    metrics: dict  # what metrics.json holds
+    warnings: list[str]
+
+
+def parse_duration(text: str | None) -> float | None:
+    """``"90" / "90s" -> 90.0``, ``"5m" -> 300.0``, ``"2h" -> 7200.0``."""
+    if text is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ElmoError(f"--max-time {text!r}: use a number of seconds or 90s, 30m, 2h") from None
+
+
+def load_embedder(model_dir: Path | None, device: str = "cpu"):
+    """The biLM as an `Embedder`, or None; a directory without weights is an ElmoError naming the file."""
+    if model_dir is None:
+        return None
+    from elmo_cli.embed import Embedder
+
+    return Embedder(model_dir, device=device)
+
+
+def read_data(s: TrainSettings, tokenize: formats.Tokenize = formats.whitespace) -> TaskData:
+    """Train and dev examples, the label set (from train), and warnings: split sentences, dev-only labels."""
+    train = formats.read_examples(s.train_path, s.kind, s.fmt, s.label_column, tokenize)
+    dev = formats.read_examples(s.dev_path, s.kind, s.fmt, s.label_column, tokenize)
+    warnings = []
+    pieces, n_split = formats.split_long(train, s.max_length)
+    _, n_dev_split = formats.split_long(dev, s.max_length)
+    for n, path in ((n_split, s.train_path), (n_dev_split, s.dev_path)):
+        if n:
+            warnings.append(f"{path}: {n} sentence(s) longer than --max-length {s.max_length} split into pieces")
+    labels = _labels(train)
+    dev_only = sorted(_labels(dev) - set(labels))
+    if dev_only:
+        warnings.append(f"{s.dev_path}: label(s) {', '.join(dev_only[:10])} absent from {s.train_path} "
+                        f"(never predicted, counted wrong)")
+    return TaskData(pieces, dev, tuple(sorted(labels)), warnings)
+
+
+def _labels(examples: list[formats.Example]) -> set[str]:
+    return {lab for ex in examples for lab in ([ex.labels] if isinstance(ex.labels, str) else ex.labels)}
+
+
+def task_config(s: TrainSettings, data: TaskData, tokenizer: str) -> TaskConfig:
+    words, counts = build_words([ex.tokens for ex in data.train], s.min_count)
+    return TaskConfig(kind=s.kind, labels=data.labels, words=words, word_counts=counts, word_dim=s.word_dim,
+                      hidden_dim=s.hidden_dim, elmo=s.elmo, elmo_output=s.elmo_output, layer_norm=s.layer_norm,
+                      label_column=s.label_column, max_length=s.max_length, tokenizer=tokenizer,
+                      elmo_model=str(Path(s.model_dir).resolve()) if s.model_dir else None)
+
+
+def init_word_vectors(model: TaskModel, path: Path) -> str:
+    """Copy the vectors of `path` into the word embedding (its dim must be the model's); returns a summary."""
+    dim, found = read_vectors(path, set(model.config.words))
+    if dim != model.config.word_dim:
+        raise ElmoError(f"{path}: vectors have {dim} dimensions but the word embedding has {model.config.word_dim}")
+    with torch.no_grad():
+        for word, vec in found.items():
+            model.embed.weight[model.index[word]] = torch.from_numpy(vec)
+    return f"{path}: {len(found):,} of {len(model.config.words) - 2:,} training words initialised"
+
+
+def make_cache(s: TrainSettings, embedder) -> LayerCache | None:
+    if not s.cache and s.embeddings is None:
+        return None
+    return LayerCache(embedder, s.cache_dtype, s.cache_max_mb << 20, s.embeddings)
+
+
+def build_model(s: TrainSettings, data: TaskData, embedder, cache: LayerCache | None, tokenizer: str
+                ) -> tuple[TaskModel, list[str]]:
+    """A fresh model for the settings' arm, seeded with ``s.seed``; notes about word vectors, if any."""
+    seed_everything(s.seed)
+    config = task_config(s, data, tokenizer)
+    notes = []
+    if s.word_vectors is not None:
+        dim, _ = read_vectors(s.word_vectors, set())
+        config = replace(config, word_dim=dim)
+    elmo_in, elmo_out = build_elmo(config, embedder, cache)
+    model = TaskModel(config, elmo_in, elmo_out).to(s.device)
+    if s.word_vectors is not None:
+        notes.append(init_word_vectors(model, s.word_vectors))
+    return model, notes
+
+
+def _loss(model: TaskModel, batch: list[formats.Example], label_index: dict[str, int]) -> torch.Tensor:
+    logits, mask = model([ex.tokens for ex in batch])  # (B, T, C) or (B, C); (B, T)
+    if model.config.kind == "classification":
+        target = torch.tensor([label_index[ex.labels] for ex in batch], device=logits.device)  # (B,)
+        return nn.functional.cross_entropy(logits, target)
+    target = torch.full(mask.shape, -100, dtype=torch.long)  # (B, T); -100 = padding, ignored
+    for b, ex in enumerate(batch):
+        target[b, : len(ex.labels)] = torch.tensor([label_index[lab] for lab in ex.labels])
+    return nn.functional.cross_entropy(logits.flatten(0, 1), target.to(logits.device).flatten())
+
+
+def fit(model: TaskModel, s: TrainSettings, data: TaskData,
+        on_epoch: Callable[[dict], None] | None = None) -> dict:
+    """Train `model` in place; it ends with the weights of its best dev epoch. Returns metrics.json's dict."""
+    if s.epochs < 1:
+        raise ElmoError(f"--epochs must be at least 1, got {s.epochs}")
+    rng = random.Random(s.seed)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=s.lr)
+    label_index = {lab: k for k, lab in enumerate(model.config.labels)}
+    elmo = model.elmo_in or model.elmo_out
+    cache = elmo.cache if elmo is not None else None
+    fill = _fill_seconds(model, cache, data)
+    best, best_state, history, start = None, None, [], time.perf_counter()
+    for epoch in range(1, s.epochs + 1):
+        t0, bilm0 = time.perf_counter(), _bilm_seconds(model)
+        loss = _train_epoch(model, opt, data.train, s.batch_size, rng, label_index)
+        seconds, bilm = time.perf_counter() - t0, _bilm_seconds(model) - bilm0
+        t1 = time.perf_counter()
+        dev = evaluate_examples(model, data.dev)
+        row = {"epoch": epoch, "train_loss": loss, "dev": dev, "seconds": seconds, "bilm_seconds": bilm,
+               "dev_seconds": time.perf_counter() - t1}
+        history.append(row)
+        if best is None or primary(dev) > primary(best["dev"]):
+            best, best_state = row, copy.deepcopy(model.state_dict())
+        if on_epoch is not None:
+            on_epoch(row)
+        if s.max_time is not None and time.perf_counter() - start > s.max_time:
+            break
+    model.load_state_dict(best_state)
+    return {"best_epoch": best["epoch"], "metric": primary_name(best["dev"]), "dev": best["dev"],
+            "history": history, "cache_fill_seconds": fill, "cached_sentences": len(cache) if cache else 0,
+            "seed": s.seed, "train": str(s.train_path), "dev_path": str(s.dev_path)}
+
+
+def _fill_seconds(model: TaskModel, cache: LayerCache | None, data: TaskData) -> float:
+    """Fill the layer cache with the train and dev sentences now (the biLM's one run); its seconds."""
+    if cache is None:
+        return 0.0
+    before = cache.bilm_seconds
+    dev_pieces, _ = formats.split_long(data.dev, model.config.max_length)
+    fill_cache(model, [ex.tokens for ex in data.train] + [ex.tokens for ex in dev_pieces])
+    return cache.bilm_seconds - before
+
+
+def _bilm_seconds(model: TaskModel) -> float:
+    elmo = model.elmo_in or model.elmo_out
+    if elmo is None:
+        return 0.0
+    return elmo.cache.bilm_seconds if elmo.cache is not None else elmo.bilm_seconds
+
+
+def _train_epoch(model: TaskModel, opt: torch.optim.Optimizer, examples: list[formats.Example], batch_size: int,
+                 rng: random.Random, label_index: dict[str, int]) -> float:
+    """One pass in a seeded random order; returns the mean batch loss."""
+    model.train()
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    total, n = 0.0, 0
+    for s in range(0, len(order), batch_size):
+        batch = [examples[k] for k in order[s : s + batch_size]]
+        loss = _loss(model, batch, label_index)
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        total, n = total + loss.item(), n + 1
+    return total / max(n, 1)
+
+
+def tokenizer_of(embedder) -> tuple[formats.Tokenize, str]:
+    """The biLM's tokenizer (its SentencePiece model, else whitespace) when there is a biLM, else whitespace."""
+    return (embedder.tokenize, "bilm") if embedder is not None else (formats.whitespace, "whitespace")
+
+
+def train_task(s: TrainSettings, on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
+    """Read the data, train one model, write ``s.output``; see the module docstring."""
+    if s.elmo != "none" or s.elmo_output:
+        if s.model_dir is None and s.embeddings is None:
+            raise ElmoError("give the biLM with --model ELMO_DIR (or --embeddings F.hdf5), or train without "
+                            "ELMo with --no-elmo")
+    embedder = load_embedder(s.model_dir, s.device) if s.elmo != "none" or s.elmo_output else None
+    tokenize, tokenizer = tokenizer_of(embedder)
+    data = read_data(s, tokenize)
+    cache = make_cache(s, embedder) if s.elmo != "none" or s.elmo_output else None
+    try:
+        model, notes = build_model(s, data, embedder, cache, tokenizer)
+        metrics = fit(model, s, data, on_epoch)
+    finally:
+        if cache is not None:
+            cache.close()
+    if s.output is not None:
+        save_task(s.output, model, metrics)
+    return TrainResult(model, metrics, data.warnings + notes)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
