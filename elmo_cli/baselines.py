@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from elmo_cli.inputs import Inputs
 from vocab.errors import ElmoError
 from vocab.tokenize import TextEncoder
+
+if TYPE_CHECKING:
+    from elmo_cli.kneser_ney import KneserNeyPerplexity
 
 
 @dataclass
@@ -87,3 +91,22 @@ def unigram_perplexity(unigram: UnigramModel, inputs: list[str | Path], text: Te
     if tokens == 0:
         raise ElmoError(f"{', '.join(map(str, inputs))}: nothing to score with the unigram baseline")
     return UnigramResult(math.exp(-total / tokens), tokens, int(unigram.counts.sum()))
+
+
+def _sentences(inputs: list[str | Path], text: TextEncoder, errors: str) -> list[np.ndarray]:
+    return [ln.ids for ln in Inputs(inputs, text, errors).lines() if not ln.blank]
+
+
+def kneser_ney_baseline(train_inputs: list[str | Path], inputs: list[str | Path], text: TextEncoder, order: int = 5,
+                        exclude_unk: bool = False, errors: str = "strict") -> "KneserNeyPerplexity":
+    """Interpolated modified Kneser-Ney of ``order``, counted from ``train_inputs`` (text or shard directories)
+    over the model vocabulary, scored in both directions on ``inputs`` with `evaluate`'s targets."""
+    from elmo_cli.kneser_ney import check_order, kneser_ney_perplexity
+
+    check_order(order)
+    if text.vocab is None:
+        raise ElmoError("the Kneser-Ney baseline needs the model's vocab.txt")
+    train = _sentences(train_inputs, text, errors)
+    if not train:
+        raise ElmoError(f"{', '.join(map(str, train_inputs))}: no sentences to estimate the Kneser-Ney baseline from")
+    return kneser_ney_perplexity(train, _sentences(inputs, text, errors), text.vocab, order, exclude_unk)

@@ -13,14 +13,21 @@ Written atomically (temporary file, fsync, rename, fsync of the directory) and r
                                  "data" (rows, 3) int64, "states" [fwd h,c per layer..., bwd ...]}
     tokens          int          training tokens seen (per direction)
     elapsed         float        training seconds so far
+    best            dict | None  the best validation so far (its step and perplexities), kept in the model files
+    bad_validations int          validations since the best one (for --patience)
+
+`rank_state` / `restore_rank` build and restore one process's entry; `build_payload` the whole dict.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from vocab.errors import ElmoError
 from vocab.text import publish
@@ -28,6 +35,37 @@ from vocab.text import publish
 FORMAT_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+def rank_state(sampler: torch.Generator, device: torch.device, data: "np.ndarray", states: tuple) -> dict[str, Any]:
+    """One process's entry of ``ranks``: its RNG states, data position `(rows, 3)` and carried LSTM states
+    (``(forward, backward)`` lists of per-layer ``(h, c)``, or ``(None, None)``)."""
+    flat = [t.detach().cpu() for direction in states for h, c in direction for t in (h, c)] \
+        if states[0] is not None else []
+    return {"torch_rng": torch.get_rng_state(), "sampler_rng": sampler.get_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "data": torch.from_numpy(data), "states": flat}
+
+
+def restore_rank(mine: dict[str, Any], sampler: torch.Generator, device: torch.device, n_layers: int
+                 ) -> tuple["np.ndarray", tuple]:
+    """Set this process's RNG states from its entry; returns its data position and carried LSTM states."""
+    torch.set_rng_state(mine["torch_rng"])
+    sampler.set_state(mine["sampler_rng"])
+    if mine.get("cuda_rng") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(mine["cuda_rng"], device)
+    states: tuple = (None, None)
+    if mine["states"]:
+        it = iter(t.to(device) for t in mine["states"])
+        states = tuple([(next(it), next(it)) for _ in range(n_layers)] for _ in range(2))
+    return mine["data"].numpy(), states
+
+
+def build_payload(config_json: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: list,
+                  tokens: int, elapsed: float, best: dict | None, bad_validations: int) -> dict[str, Any]:
+    """Everything `save_checkpoint` writes besides format_version and step."""
+    return {"config": config_json, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "ranks": ranks, "tokens": tokens, "elapsed": elapsed, "best": best, "bad_validations": bad_validations}
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:

@@ -160,89 +160,147 @@ def _parse_duration(text: str | None) -> float | None:
         raise ElmoError(f"--max-time {text!r}: expected seconds or a number with s, m or h (e.g. 90m)") from None
 
 
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _validation_line(step: int, v: dict, baseline: dict | None) -> str:
+    line = (f"step {step:,}: validation perplexity (full softmax) forward {v['forward_perplexity']:.2f}, "
+            f"backward {v['backward_perplexity']:.2f}, average {v['average_perplexity']:.2f}")
+    if baseline:
+        ratio = v["average_perplexity"] / baseline["average_perplexity"]
+        line += f"; {baseline['name'].upper()} {baseline['average_perplexity']:.2f} (biLM/KN {ratio:.3f})"
+    return line
+
+
+class _TrainReport:
+    """Progress of `train` on stderr: a rich bar on a terminal; plain lines every 30 s under nohup, slurm or
+    torchrun (stderr not a terminal), so a log file shows the run as it goes."""
+
+    def __init__(self, show: bool):
+        import math
+
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.show, self.plain, self.last_plain = show, not err_console.is_terminal, None
+        self.progress = Progress(
+            TextColumn("epoch {task.fields[epoch]:.2f}"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("{task.fields[rate]:,.0f} tok/s"), TextColumn("ETA {task.fields[eta]}"),
+            TextColumn("loss {task.fields[loss]:.3f} (sampled)"), TimeElapsedColumn(),
+            console=err_console, disable=not show or self.plain, transient=False)
+        self.task = self.progress.add_task("train", total=None, epoch=0.0, rate=0.0, eta="?", loss=math.nan)
+
+    def __call__(self, info) -> None:
+        import time
+
+        if not self.show:
+            return
+        if info.validation:
+            err_console.print(_validation_line(info.step, info.validation, info.baseline), highlight=False)
+        if self.plain:
+            now = time.monotonic()
+            if self.last_plain is None or now - self.last_plain >= 30 or info.step == info.total_steps:
+                self.last_plain = now
+                err_console.print(f"step {info.step:,}/{info.total_steps:,}  epoch {info.epoch:.2f}  loss "
+                                  f"{info.loss:.2f}  lr {info.lr:.3g}  {info.tokens_per_s:,.0f} tok/s  ETA "
+                                  f"{_clock(info.eta)}", highlight=False)
+            return
+        if not self.progress.live.is_started:  # started on the first step, so setup errors print alone
+            self.progress.start()
+        self.progress.update(self.task, completed=info.step, total=info.total_steps, epoch=info.epoch,
+                             rate=info.tokens_per_s, eta=_clock(info.eta), loss=info.loss)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
 @app.command("train")
 def cli_train(
     data: Path = typer.Option(..., "--data", help="Shard directory (elmo-cli shard)."),
-    output: Path = typer.Option(..., "--output", help="Run directory: model files, config.json, metrics.jsonl, checkpoints/."),
-    config: Optional[Path] = typer.Option(None, "--config", help="JSON config: options.json keys plus a 'training' section."),
+    output: Path = typer.Option(..., "--output", help="Run directory: model files, config.json, metrics.jsonl, "
+                                                      "checkpoints/."),
+    config: Optional[Path] = typer.Option(None, "--config", help="JSON config: options.json keys plus a "
+                                                                 "'training' section."),
     preset: Optional[str] = typer.Option(None, "--preset", help=PRESETS_HELP),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Rows per process."),
     unroll_steps: Optional[int] = typer.Option(None, "--unroll-steps"),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Adagrad learning rate."),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adagrad (bilm-tf) | adam | adamw."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate."),
+    lr_schedule: Optional[str] = typer.Option(None, "--lr-schedule", help="constant | linear | cosine, over the "
+                                                                          "run's steps or its --max-time."),
+    warmup: Optional[float] = typer.Option(None, "--warmup", help="Fraction of the run with a linear warmup."),
     epochs: Optional[float] = typer.Option(None, "--epochs"),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Run length in steps (instead of --epochs)."),
-    max_time: Optional[str] = typer.Option(None, "--max-time", help="Stop (with a checkpoint) after this long: 90s, 30m, 2h."),
+    max_time: Optional[str] = typer.Option(None, "--max-time", help="Train this long in all (resumed parts "
+                                                                    "included), then stop with a checkpoint: 90s, "
+                                                                    "30m, 2h."),
     n_negative_samples: Optional[int] = typer.Option(None, "--n-negative-samples"),
     dropout: Optional[float] = typer.Option(None, "--dropout"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 (autocast)."),
-    validation: Optional[Path] = typer.Option(None, "--validation", help="Held-out shards (same vocabulary): full-softmax perplexity."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
+    validation: Optional[Path] = typer.Option(None, "--validation", help="Held-out shards (same vocabulary): "
+                                                                         "full-softmax perplexity as training goes, "
+                                                                         "beside a Kneser-Ney reference."),
+    validation_every: Optional[int] = typer.Option(None, "--validation-every", help="Steps between validations "
+                                                                                    "(default: 20 in a run)."),
+    patience: Optional[int] = typer.Option(None, "--patience", help="Stop after this many validations without "
+                                                                    "improvement."),
+    no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the Kneser-Ney reference."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints."),
-    resume: bool = typer.Option(False, "--resume", help="Continue exactly from the newest checkpoint in --output."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a trained model directory (fine-tuning)."),
-    reset_softmax: bool = typer.Option(False, "--reset-softmax", help="With --init-from: re-initialise the softmax."),
+    resume: bool = typer.Option(False, "--resume", help="Continue exactly from the newest checkpoint in --output "
+                                                        "(the command that started the run may be repeated as it "
+                                                        "was; only its length may change)."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a trained model directory "
+                                                                       "(fine-tuning)."),
+    reset_softmax: bool = typer.Option(False, "--reset-softmax", help="With --init-from: re-initialise the "
+                                                                      "softmax."),
 ) -> None:
-    """Train a biLM on shards (bilm-tf's recipe); under torchrun, DistributedDataParallel over the processes."""
+    """Train a biLM on shards; under torchrun, DistributedDataParallel over the processes.
+
+    Example: elmo-cli train --data shards/ --validation heldout/ --output run/ --preset tiny
+    """
     with _user_errors():
         import math
 
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
         from elmo_cli import train as training
+        from elmo_cli.distributed import is_main_process
         from elmo_cli.presets import load_config
 
-        if resume and (config is not None or preset is not None or init_from is not None):
-            raise ElmoError("--resume continues with the run's own config.json; drop --config/--preset/--init-from")
         if reset_softmax and init_from is None:
             raise ElmoError("--reset-softmax only applies with --init-from MODEL_DIR")
-        cfg = training.resume_config(output) if resume else load_config(config, preset)
+        fresh = not resume or config is not None or preset is not None
+        cfg = load_config(config, preset) if fresh else training.resume_config(output)
         cfg = cfg.with_training(
-            batch_size=batch_size, unroll_steps=unroll_steps, lr=lr, epochs=epochs, max_steps=max_steps,
-            max_time=_parse_duration(max_time), n_negative_samples=n_negative_samples, dropout=dropout, seed=seed,
-            device=device, dtype=dtype, checkpoint_every=checkpoint_every)
-        from elmo_cli.distributed import is_main_process
-
+            batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
+            warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=_parse_duration(max_time),
+            n_negative_samples=n_negative_samples, dropout=dropout, seed=seed, device=device, dtype=dtype,
+            threads=threads, checkpoint_every=checkpoint_every, validation_every=validation_every,
+            patience=patience, baseline=False if no_baseline else None)
         rank0 = is_main_process()
-        progress = Progress(
-            TextColumn("epoch {task.fields[epoch]:.2f}"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
-            TextColumn("{task.fields[rate]:,.0f} tok/s"), TextColumn("ETA {task.fields[eta]}"),
-            TextColumn("loss {task.fields[loss]:.3f} (sampled)"), TimeElapsedColumn(),
-            console=err_console, disable=not rank0, transient=False)
-        task = progress.add_task("train", total=None, epoch=0.0, rate=0.0, eta="?", loss=math.nan)
-
-        def on_step(info: "training.StepInfo") -> None:
-            if not progress.live.is_started:  # started on the first step, so setup errors print alone
-                progress.start()
-            eta = f"{int(info.eta // 3600)}:{int(info.eta % 3600 // 60):02d}:{int(info.eta % 60):02d}"
-            progress.update(task, completed=info.step, total=info.total_steps, epoch=info.epoch,
-                            rate=info.tokens_per_s, eta=eta, loss=info.loss)
-            if info.validation:
-                v = info.validation
-                progress.console.print(f"step {info.step}: validation perplexity (full softmax) forward "
-                                       f"{v['forward_perplexity']:.2f}, backward {v['backward_perplexity']:.2f}, "
-                                       f"average {v['average_perplexity']:.2f}")
-
+        report = _TrainReport(rank0)
         try:
             result = training.train(cfg, data, output, validation_dir=validation, resume=resume,
-                                    init_from=init_from, reset_softmax=reset_softmax, on_step=on_step)
+                                    init_from=init_from, reset_softmax=reset_softmax, on_step=report)
         finally:
-            progress.stop()
+            report.stop()
         if not rank0:
             return
         for note in result.notes:
             console.print(note)
         how = {"finished": "finished", "max_steps": "already at --max-steps", "max_time": "stopped at --max-time",
-               "signal": "interrupted; resume with --resume"}[result.stopped]
+               "signal": "interrupted; resume with --resume",
+               "patience": "stopped: no better validation in --patience validations"}[result.stopped]
         console.print(f"{how}: step {result.step}/{result.total_steps}, train loss {result.train_loss:.3f} "
                       f"(sampled softmax, perplexity {math.exp(min(result.train_loss, 50)):.1f}), "
                       f"{result.tokens_per_s:,.0f} tokens/s; model in {result.run_dir}", highlight=False)
         if result.validation:
-            v = result.validation
-            console.print(f"validation perplexity (full softmax): forward {v['forward_perplexity']:.2f}, backward "
-                          f"{v['backward_perplexity']:.2f}, average {v['average_perplexity']:.2f} "
-                          f"over {v['tokens']} tokens", highlight=False)
-
+            console.print(_validation_line(result.step, result.validation, result.baseline), highlight=False)
+        if result.best and result.best["step"] != result.step:
+            console.print(f"the model files are those of step {result.best['step']:,}, the best validation "
+                          f"(average perplexity {result.best['average_perplexity']:.2f})", highlight=False)
 
 
 # ---- evaluate (issue: perplexity) ------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ _TINY = RunConfig(
         lstm=LSTMConfig(dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0),
     ),
     training=TrainingConfig(batch_size=32, unroll_steps=20, lr=0.6, n_negative_samples=1024, epochs=2.0,
-                            checkpoint_every=200, validation_every=0, log_every=10),
+                            checkpoint_every=200, validation_every=160, log_every=10),
 )
 
 PRESETS: dict[str, Preset] = {

@@ -3,9 +3,12 @@
 One step: the next (B, T) window of every persistent stream (`elmo_cli.data`) through the token encoder and both
 LSTM stacks (states carried, detached, from the previous step), the sampled softmax loss of each direction (own
 negatives per direction), their mean, backward, global gradient-norm clip (sparse softmax gradients included),
-Adagrad. Under ``torchrun`` the same step runs in DistributedDataParallel, each process on its own rows; only rank
-0 writes. The run directory is always a loadable model directory (options.json, weights.hdf5, softmax.hdf5,
-vocab.txt, chars.json, spm.model when used) plus config.json, metrics.jsonl and checkpoints/.
+the optimizer (bilm-tf's Adagrad, or Adam/AdamW) at the scheduled learning rate (`lr_factor`). Under ``torchrun``
+the same step runs in DistributedDataParallel, each process on its own rows; only rank 0 writes. The run
+directory is always a loadable model directory (options.json, weights.hdf5, softmax.hdf5, vocab.txt, chars.json,
+spm.model when used; with a validation set, those of the best validation so far) plus config.json,
+metrics.jsonl, baseline.json (the Kneser-Ney reference) and checkpoints/. `_train` is a straight loop over the
+helpers above it; the checkpoint payload is built and restored by `elmo_cli.checkpoint`.
 """
 from __future__ import annotations
 
@@ -26,18 +29,19 @@ import torch.distributed as dist
 from torch import nn
 
 from elmo_cli.bilm_format import save_model_dir
-from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
+                                 restore_rank, save_checkpoint)
 from elmo_cli.data import IGNORE, LMBatch, SentenceStreams, steps_per_epoch
 from elmo_cli.distributed import init_distributed
 from elmo_cli.evaluate import evaluate
-from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device
+from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
 from elmo_cli.presets import build_config
-from elmo_cli.train_config import RunConfig, save_config
+from elmo_cli.train_config import RunConfig, TrainingConfig, save_config
 from vocab.errors import ElmoError
-from vocab.text import read_json
+from vocab.text import atomic_write_bytes, read_json
 from vocab.shards import ShardDataset
 from vocab.tokenize import TextEncoder
 
@@ -59,6 +63,9 @@ class StepInfo:
     eta: float  # seconds to total_steps at the recent rate
     event: str = ""  # "", "checkpoint", "validation", "resumed"
     validation: dict | None = None
+    lr: float = 0.0  # the learning rate of this step
+    baseline: dict | None = None  # the Kneser-Ney reference on the validation set, when computed
+    best: dict | None = None  # the best validation so far
 
 
 @dataclass
@@ -66,7 +73,7 @@ class TrainResult:
     run_dir: Path
     step: int
     total_steps: int
-    stopped: str  # "finished", "max_steps", "max_time", "signal"
+    stopped: str  # "finished", "max_steps", "max_time", "signal", "patience"
     train_loss: float  # sampled-softmax loss, mean over the last log interval
     tokens_per_s: float
     elapsed: float
@@ -75,6 +82,8 @@ class TrainResult:
     resumed_from: int = 0
     world_size: int = 1
     notes: list[str] = field(default_factory=list)
+    baseline: dict | None = None
+    best: dict | None = None
 
 
 
@@ -137,15 +146,6 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
     return total
 
 
-def _flatten_states(states: tuple) -> list[torch.Tensor]:
-    return [t.detach().cpu() for direction in states for h, c in direction for t in (h, c)]
-
-
-def _unflatten_states(flat: list[torch.Tensor], n_layers: int, device: torch.device) -> tuple:
-    it = iter(t.to(device) for t in flat)
-    return tuple([(next(it), next(it)) for _ in range(n_layers)] for _ in range(2))
-
-
 def _detach(states: tuple) -> tuple[list[State], list[State]]:
     return tuple([(h.detach(), c.detach()) for h, c in direction] for direction in states)
 
@@ -186,6 +186,27 @@ def resume_config(run_dir: Path) -> RunConfig:
     path = run_dir / CONFIG_FILE
     user = read_json(path, f"run configuration (the checkpoints of {run_dir} need it)")
     return build_config(user, "tiny", source=str(path))
+
+
+RUN_LENGTH_KEYS = ("epochs", "max_steps", "max_time")
+
+
+def check_resumable(saved: RunConfig, requested: RunConfig, where: Path) -> None:
+    """A resumed run must ask for the configuration it was started with (the same command line repeated is
+    fine); only its length (`RUN_LENGTH_KEYS`) may change. ElmoError naming the first key that differs."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    old, new = flat(saved.to_dict()), flat(requested.to_dict())
+    for key in sorted(set(old) | set(new)):
+        if key.startswith("training.") and key.split(".", 1)[1] in RUN_LENGTH_KEYS:
+            continue
+        if old.get(key) != new.get(key):
+            raise ElmoError(f"{where}: cannot resume with {key} = {new.get(key)!r}: the run was started with "
+                            f"{old.get(key)!r}; only --epochs, --max-steps and --max-time may change on resume")
 
 
 def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, device: torch.device) -> dict:
@@ -242,6 +263,144 @@ def _truncate_metrics(path: Path, step: int) -> None:
     path.write_text("".join(l + "\n" for l in keep), encoding="utf-8")
 
 
+# ---- the recipe: optimizer, learning rate, baseline -------------------------------------------------------------
+def lr_factor(progress: float, tc: TrainingConfig) -> float:
+    """The learning rate over ``lr`` at ``progress`` in [0, 1] of the run (see `TrainingConfig.lr_schedule`).
+
+    ``lr_factor(0.5, TrainingConfig(lr_schedule="linear"))`` -> 0.5
+    """
+    p = min(max(progress, 0.0), 1.0)
+    if tc.warmup > 0 and p < tc.warmup:
+        return max(p / tc.warmup, 1e-3)
+    if tc.lr_schedule == "constant":
+        return 1.0
+    q = (p - tc.warmup) / (1.0 - tc.warmup)
+    decay = 1.0 - q if tc.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * q))
+    return tc.final_lr_ratio + (1.0 - tc.final_lr_ratio) * decay
+
+
+def make_optimizer(params: list[nn.Parameter], tc: TrainingConfig) -> torch.optim.Optimizer:
+    if tc.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=tc.lr, initial_accumulator_value=tc.initial_accumulator)
+    if tc.optimizer == "adam":
+        return torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay)
+    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
+
+
+BASELINE_FILE = "baseline.json"
+
+
+def kn_baseline(run_dir: Path, dataset: ShardDataset, vdataset: ShardDataset, order: int) -> dict:
+    """The order-N Kneser-Ney reference of the training shards on the validation shards, cached in
+    ``RUN_DIR/baseline.json`` (keyed by both manifests' checksums and the order)."""
+    from elmo_cli.baselines import kneser_ney_baseline
+
+    key = {"order": order, "train": [s["sha256"] for s in dataset.shards],
+           "validation": [s["sha256"] for s in vdataset.shards], "vocab": dataset.manifest["vocab_sha256"]}
+    path = run_dir / BASELINE_FILE
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text(encoding="utf-8"))
+            if cached.get("key") == key:
+                return cached["result"]
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    start = time.monotonic()
+    kn = kneser_ney_baseline([dataset.directory], [vdataset.directory], dataset.encoder, order)
+    result = {"name": f"kn{order}", "forward_perplexity": kn.forward_perplexity,
+              "backward_perplexity": kn.backward_perplexity, "average_perplexity": kn.average_perplexity,
+              "tokens": kn.tokens, "seconds": round(time.monotonic() - start, 1)}
+    atomic_write_bytes(path, (json.dumps({"key": key, "result": result}, indent=1) + "\n").encode("utf-8"))
+    return result
+
+
+# ---- the run's state and its bookkeeping ---------------------------------------------------------------------------
+@dataclass
+class _Progress:
+    """What a checkpoint carries besides the model, the optimizer and the per-rank states."""
+
+    step: int = 0
+    tokens: int = 0
+    elapsed_before: float = 0.0  # training seconds of earlier invocations
+    best: dict | None = None
+    bad_validations: int = 0
+
+
+class _Meter:
+    """Sums between two metrics.jsonl records: loss (both directions), tokens, time."""
+
+    def __init__(self):
+        self.reset(time.monotonic())
+        self.rate = 0.0
+        self.last_mean = float("nan")
+
+    def reset(self, now: float) -> None:
+        self.loss, self.fwd, self.bwd, self.steps, self.tokens, self.start = 0.0, 0.0, 0.0, 0, 0, now
+
+    def add(self, f_loss: float, b_loss: float, tokens: int) -> None:
+        self.loss += (f_loss + b_loss) / 2
+        self.fwd += f_loss
+        self.bwd += b_loss
+        self.steps += 1
+        self.tokens += tokens
+        if self.rate == 0.0:
+            self.rate = self.tokens / max(time.monotonic() - self.start, 1e-9)
+
+    def record(self, step: int, per_epoch: int, tokens_seen: int, grad_norm: float, lr: float, elapsed: float
+               ) -> dict:
+        now = time.monotonic()
+        self.rate = self.tokens / max(now - self.start, 1e-9)
+        mean = self.last_mean = self.loss / self.steps
+        rec = {"kind": "train", "step": step, "epoch": round(step / per_epoch, 4), "tokens": tokens_seen,
+               "train_loss_sampled": round(mean, 5), "train_perplexity_sampled": round(math.exp(min(mean, 50.0)), 3),
+               "forward_loss_sampled": round(self.fwd / self.steps, 5),
+               "backward_loss_sampled": round(self.bwd / self.steps, 5), "grad_norm": round(grad_norm, 4),
+               "lr": lr, "tokens_per_s": round(self.rate, 1), "elapsed": round(elapsed, 2)}
+        self.reset(now)
+        return rec
+
+
+def _open_data(data_dir: Path, validation_dir: Path | None) -> tuple[ShardDataset, ShardDataset | None]:
+    dataset = open_shards(data_dir, "--data")
+    if validation_dir is None:
+        return dataset, None
+    vdataset = open_shards(validation_dir, "--validation")
+    try:
+        vdataset.check_vocab(dataset.vocab)
+    except ElmoError as e:
+        raise ElmoError(f"--validation: {e} (the training shards' vocabulary); shard both with one vocabulary")
+    if vdataset.chars.to_json() != dataset.chars.to_json():
+        raise ElmoError(f"--validation: {validation_dir} uses other characters than {data_dir}")
+    return dataset, vdataset
+
+
+def _checkpoint_to_resume(run_dir: Path, config: RunConfig, world_size: int) -> dict:
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        raise ElmoError(f"{run_dir}: nothing to resume (no checkpoints/step-*.pt); start without --resume")
+    ckpt = load_checkpoint(path)
+    check_resumable(build_config(json.loads(ckpt["config"]), "tiny", source=str(path)), config, path)
+    if len(ckpt["ranks"]) != world_size:
+        raise ElmoError(f"{path}: checkpoint was written by {len(ckpt['ranks'])} processes; resume with the "
+                        f"same number (this run has {world_size})")
+    return ckpt
+
+
+def _total_steps(tc: TrainingConfig, per_epoch: int) -> int:
+    """--max-steps, when given, is the run's length in steps (instead of --epochs)."""
+    return tc.max_steps if tc.max_steps else max(1, math.ceil(tc.epochs * per_epoch))
+
+
+def _validation_due(tc: TrainingConfig, step: int, total_steps: int, seconds_since: float) -> bool:
+    every = tc.validation_every or max(1, total_steps // 20)
+    minutes = tc.validation_minutes or (tc.max_time / 20 / 60 if tc.max_time else 15.0)
+    return step % every == 0 or seconds_since >= 60 * minutes
+
+
+def _improved(best: dict | None, result: dict) -> bool:
+    return best is None or result["average_perplexity"] < best["average_perplexity"]
+
+
 # ---- the entry point --------------------------------------------------------------------------------------------
 def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: Path | None = None,
           resume: bool = False, init_from: Path | None = None, reset_softmax: bool = False,
@@ -249,12 +408,13 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     """Train (or resume training) a biLM on shards; see the module docstring.
 
     # Parameters
-    config : `RunConfig`; its char table size is taken from the shards. On resume, pass `resume_config(run_dir)`
-        with any overrides (the model and the batch shape must equal the checkpoint's).
+    config : `RunConfig`; its char table size is taken from the shards. On resume it must equal the run's own
+        configuration but for the run length (`check_resumable`): pass `resume_config(run_dir)` with any
+        overrides, or the configuration the run was started with.
     data_dir : a shard directory (`elmo-cli shard`); checksums are verified.
     run_dir : where the model directory, config.json, metrics.jsonl and checkpoints/ go.
-    validation_dir : optional shards encoded with the same vocabulary: full-softmax perplexity every
-        ``validation_every`` steps and at the end.
+    validation_dir : optional shards encoded with the same vocabulary: full-softmax perplexity periodically
+        (`TrainingConfig.validation_every`) and at the end, beside a Kneser-Ney reference.
     resume : continue exactly from the newest checkpoint in run_dir.
     init_from : a model directory to start from (fine-tuning); reset_softmax re-initialises its softmax.
     on_step : called on rank 0 after every step with a `StepInfo`.
@@ -264,8 +424,7 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     """
     threads = torch.get_num_threads()
     try:
-        if config.training.threads:
-            torch.set_num_threads(config.training.threads)
+        set_threads(config.training.threads or None)
         with warnings.catch_warnings():
             # torch warns that it skips invariant checks on the sparse softmax gradients Adagrad builds; expected.
             warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
@@ -282,89 +441,48 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     autocast_dtype = torch.bfloat16 if tc.dtype == "bf16" else None
     if autocast_dtype is not None and device.type == "cpu" and not torch.backends.mkldnn.is_available():
         raise ElmoError("--dtype bf16 on CPU needs a torch build with oneDNN; use --dtype fp32")
-
-    dataset = open_shards(data_dir, "--data")
-    vdataset = None
-    if validation_dir is not None:
-        vdataset = open_shards(validation_dir, "--validation")
-        try:
-            vdataset.check_vocab(dataset.vocab)
-        except ElmoError as e:
-            raise ElmoError(f"--validation: {e} (the training shards' vocabulary); shard both with one vocabulary")
-        if vdataset.chars.to_json() != dataset.chars.to_json():
-            raise ElmoError(f"--validation: {validation_dir} uses other characters than {data_dir}")
-    if init_from is not None and not resume:
-        # Fine-tuning keeps the trained network's shape: the architecture comes from MODEL_DIR/options.json.
+    dataset, vdataset = _open_data(data_dir, validation_dir)
+    if init_from is not None:  # fine-tuning keeps the trained network's shape
         config = dataclasses.replace(config, model=model_architecture(Path(init_from)))
     config = fit_to_data(config, dataset)
-
     if ddp.main:
         _check_run_dir(run_dir)
-    ckpt = None
-    if resume:
-        path = latest_checkpoint(run_dir)
-        if path is None:
-            raise ElmoError(f"{run_dir}: nothing to resume (no checkpoints/step-*.pt); start without --resume")
-        ckpt = load_checkpoint(path)
-        saved = build_config(json.loads(ckpt["config"]), "tiny", source=str(path))
-        if saved.model != config.model:
-            raise ElmoError(f"{path}: the model configuration differs from the checkpoint's; resume with the run's "
-                            f"own config.json (drop --config/--preset)")
-        if (saved.training.batch_size, saved.training.unroll_steps) != (tc.batch_size, tc.unroll_steps):
-            raise ElmoError(f"{path}: checkpoint has batch size {saved.training.batch_size} and unroll "
-                            f"{saved.training.unroll_steps}; this run asks for {tc.batch_size} and {tc.unroll_steps}")
-        if len(ckpt["ranks"]) != ddp.world_size:
-            raise ElmoError(f"{path}: checkpoint was written by {len(ckpt['ranks'])} processes; resume with the "
-                            f"same number (this run has {ddp.world_size})")
-    elif list_checkpoints(run_dir):
+    ckpt = _checkpoint_to_resume(run_dir, config, ddp.world_size) if resume else None
+    if ckpt is None and list_checkpoints(run_dir):
         raise ElmoError(f"{run_dir}: already holds a run (checkpoints/); pass --resume to continue it or choose "
                         f"another --output")
 
     # Model, identical on every rank (DDP also broadcasts rank 0's parameters).
-    V = len(dataset.vocab)
+    V, B, T = len(dataset.vocab), tc.batch_size, tc.unroll_steps
     torch.manual_seed(tc.seed)
-    # DDP's reducer cannot all-reduce sparse gradients, so the softmax gradient is dense under torchrun.
-    sparse = tc.sparse_softmax and not ddp.enabled
+    # DDP cannot all-reduce sparse gradients and Adam(W) cannot take them: then the softmax gradient is dense.
+    sparse = tc.sparse_softmax and not ddp.enabled and tc.optimizer == "adagrad"
     model = BiLM(config.model, vocab_size=V, dropout=tc.dropout, sparse_softmax=sparse)
-    notes: list[str] = []
-    if init_from is not None and ckpt is None:
-        notes += init_from_model(model, Path(init_from), dataset.encoder, reset_softmax)
+    notes = init_from_model(model, Path(init_from), dataset.encoder, reset_softmax) \
+        if init_from is not None and ckpt is None else []
     model.to(device)
     loss_module = BiLMLoss(model)
-    if ddp.enabled:
-        wrapped: nn.Module = nn.parallel.DistributedDataParallel(
-            loss_module, device_ids=[device.index] if device.type == "cuda" else None)
-    else:
-        wrapped = loss_module
+    wrapped: nn.Module = nn.parallel.DistributedDataParallel(
+        loss_module, device_ids=[device.index] if device.type == "cuda" else None) if ddp.enabled else loss_module
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adagrad(params, lr=tc.lr, initial_accumulator_value=tc.initial_accumulator)
-
-    B, T = tc.batch_size, tc.unroll_steps
+    optimizer = make_optimizer(params, tc)
     streams = SentenceStreams(dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B, seed=tc.seed)
     per_epoch = steps_per_epoch(dataset.total_tokens, B, T, ddp.world_size)
-    # --max-steps, when given, is the run's length in steps (instead of --epochs).
-    total_steps = tc.max_steps if tc.max_steps else max(1, math.ceil(tc.epochs * per_epoch))
+    total_steps = _total_steps(tc, per_epoch)
     sampler = torch.Generator().manual_seed(tc.seed * 1_000_003 + ddp.rank + 1)
     torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
     states: tuple = (None, None)
-    step, tokens_seen, elapsed_before = 0, 0, 0.0
-
+    run = _Progress()
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        mine = ckpt["ranks"][ddp.rank]
-        torch.set_rng_state(mine["torch_rng"])
-        sampler.set_state(mine["sampler_rng"])
-        if mine.get("cuda_rng") is not None and device.type == "cuda":
-            torch.cuda.set_rng_state(mine["cuda_rng"], device)
-        streams.load_state(mine["data"].numpy())
-        if mine["states"]:
-            states = _unflatten_states(mine["states"], config.model.lstm.n_layers, device)
-        step, tokens_seen, elapsed_before = int(ckpt["step"]), int(ckpt["tokens"]), float(ckpt["elapsed"])
+        data_state, states = restore_rank(ckpt["ranks"][ddp.rank], sampler, device, config.model.lstm.n_layers)
+        streams.load_state(data_state)
+        run = _Progress(int(ckpt["step"]), int(ckpt["tokens"]), float(ckpt["elapsed"]), ckpt.get("best"),
+                        int(ckpt.get("bad_validations", 0)))
         if ddp.main:
-            _truncate_metrics(run_dir / METRICS_FILE, step)
-    resumed_from = step
-
+            _truncate_metrics(run_dir / METRICS_FILE, run.step)
+    resumed_from = run.step
     metrics_path = run_dir / METRICS_FILE
 
     def log(record: dict) -> None:
@@ -377,50 +495,68 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
         dataset.encoder.save_to(run_dir)
         save_config(config, run_dir / CONFIG_FILE)
 
+    keep_best = vdataset is not None and tc.keep_best
+
     def checkpoint(elapsed: float) -> Path | None:
-        mine = {"torch_rng": torch.get_rng_state(), "sampler_rng": sampler.get_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                "data": torch.from_numpy(streams.state()),
-                "states": _flatten_states(states) if states[0] is not None else []}
+        mine = rank_state(sampler, device, streams.state(), states)
+        gathered: list = [None] * ddp.world_size
         if ddp.enabled:
-            gathered: list = [None] * ddp.world_size
             dist.all_gather_object(gathered, mine)
         else:
             gathered = [mine]
         if not ddp.main:
             return None
-        write_model_dir()
-        payload = {"config": json.dumps(config.to_dict()), "model": model.state_dict(),
-                   "optimizer": optimizer.state_dict(), "ranks": gathered, "tokens": tokens_seen,
-                   "elapsed": elapsed}
-        return save_checkpoint(run_dir, step, payload, keep=tc.keep_checkpoints)
+        if not keep_best:
+            write_model_dir()
+        payload = build_payload(json.dumps(config.to_dict()), model, optimizer, gathered, run.tokens, elapsed,
+                                run.best, run.bad_validations)
+        return save_checkpoint(run_dir, run.step, payload, keep=tc.keep_checkpoints)
+
+    baseline = None
+    if vdataset is not None and tc.baseline and ddp.main:
+        baseline = kn_baseline(run_dir, dataset, vdataset, tc.baseline_order)
+        if ckpt is None:
+            log({"kind": "baseline", "step": 0, **baseline})
 
     def validate() -> dict | None:
+        """Full-softmax validation (rank 0); the model files follow the best one. Returns the result."""
         if vdataset is None or not ddp.main:
             return None
         result = validation_perplexity(model, vdataset, max(B, 64), device)
-        log({"kind": "validation", "step": step, **{k: round(v, 4) if isinstance(v, float) else v
-                                                      for k, v in result.items()}, "softmax": "full"})
+        improved = _improved(run.best, result)
+        if improved:
+            run.best, run.bad_validations = {"step": run.step, **result}, 0
+            if keep_best:
+                write_model_dir()
+        else:
+            run.bad_validations += 1
+        log({"kind": "validation", "step": run.step, **{k: round(v, 4) if isinstance(v, float) else v
+                                                          for k, v in result.items()},
+             "softmax": "full", "best": improved, **({"baseline": baseline["name"],
+                                                      "baseline_average_perplexity": round(
+                                                          baseline["average_perplexity"], 4)} if baseline else {})})
         return result
 
-    if ddp.main:
+    if ddp.main and (ckpt is None or not keep_best):
         write_model_dir()  # the run directory is a loadable model from the start
     model.train()
     last_ckpt_path: Path | None = latest_checkpoint(run_dir) if ckpt is not None else None
-    last_ckpt_step, last_ckpt_time = step, time.monotonic()
-    interval_loss, interval_steps, interval_tokens, interval_start = 0.0, 0, 0, time.monotonic()
-    interval_fb = [0.0, 0.0]
-    recent_rate, last_mean, validation = 0.0, float("nan"), None
-    start = time.monotonic()
-    stopped = "finished" if step < total_steps else "max_steps"
-    V_neg = tc.n_negative_samples
+    last_ckpt_step, last_ckpt_time, last_val_time = run.step, time.monotonic(), time.monotonic()
+    meter, validation, start = _Meter(), None, time.monotonic()
+    stopped = "finished" if run.step < total_steps else "max_steps"
+    lr = tc.lr
 
     with _StopFlag() as stop:
-        while step < total_steps:
+        while run.step < total_steps:
+            elapsed = time.monotonic() - start
+            progress = max(run.step / total_steps, (run.elapsed_before + elapsed) / tc.max_time if tc.max_time else 0)
+            lr = tc.lr * lr_factor(progress, tc)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             batch: LMBatch = streams.next_batch(T).to(device)
             negatives, tries = [], []
             for _ in range(2):
-                ids, n_tries = log_uniform_sample(V_neg, V, sampler)
+                ids, n_tries = log_uniform_sample(tc.n_negative_samples, V, sampler)
                 negatives.append(ids.to(device))
                 tries.append(n_tries)
             with _autocast(device, autocast_dtype):
@@ -428,79 +564,73 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                                                      batch.bwd_targets, states, tuple(negatives), tuple(tries),
                                                      batch.starts if tc.reset_state_per_sentence else None)
                 loss = (f_loss + b_loss) / 2
-            loss_value = float(loss.detach())
-            direction_losses = (float(f_loss.detach()), float(b_loss.detach()))
-            if not math.isfinite(loss_value):
-                raise ElmoError(f"the training loss became {loss_value} at step {step + 1}; stopped without "
-                                f"writing. The last good checkpoint is "
-                                f"{last_ckpt_path or 'none (no checkpoint yet)'}; try a lower --lr")
+            f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
+            _check_finite("training loss", (f_val + b_val) / 2, run.step, last_ckpt_path)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = clip_grad_norm(params, tc.clip_norm)
-            if not math.isfinite(grad_norm):
-                raise ElmoError(f"the gradient norm became {grad_norm} at step {step + 1}; stopped without "
-                                f"writing. The last good checkpoint is "
-                                f"{last_ckpt_path or 'none (no checkpoint yet)'}; try a lower --lr")
+            _check_finite("gradient norm", grad_norm, run.step, last_ckpt_path)
             optimizer.step()
             states = _detach(new_states)
-            step += 1
-            n_tok = batch.n_tokens * ddp.world_size
-            tokens_seen += n_tok
-            interval_loss += loss_value
-            interval_fb[0] += direction_losses[0]
-            interval_fb[1] += direction_losses[1]
-            interval_steps += 1
-            interval_tokens += n_tok
+            run.step += 1
+            run.tokens += batch.n_tokens * ddp.world_size
+            meter.add(f_val, b_val, batch.n_tokens * ddp.world_size)
             now = time.monotonic()
             elapsed = now - start
-
-            stop_now = stop.signal is not None or bool(tc.max_time and elapsed >= tc.max_time)
+            stop_now = stop.signal is not None or bool(tc.max_time and run.elapsed_before + elapsed >= tc.max_time)
             due_by_time = bool(tc.checkpoint_minutes and now - last_ckpt_time >= 60 * tc.checkpoint_minutes)
-            if ddp.enabled:  # every process must take the same decisions: stop, and checkpoint by the clock
-                flags = torch.tensor([float(stop_now), float(due_by_time)], device=device)
+            val_due = vdataset is not None and _validation_due(tc, run.step, total_steps, now - last_val_time)
+            if ddp.enabled:  # every process must take the same decisions: stop, checkpoint, validate
+                flags = torch.tensor([float(stop_now), float(due_by_time), float(val_due)], device=device)
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                stop_now, due_by_time = bool(flags[0].item()), bool(flags[1].item())
-
+                stop_now, due_by_time, val_due = (bool(x) for x in flags.tolist())
             event, vresult = "", None
-            if step % tc.log_every == 0 or step == total_steps or stop_now:
-                rate = interval_tokens / max(now - interval_start, 1e-9)
-                recent_rate = rate
-                mean_loss = interval_loss / interval_steps
-                log({"kind": "train", "step": step, "epoch": round(step / per_epoch, 4), "tokens": tokens_seen,
-                     "train_loss_sampled": round(mean_loss, 5),
-                     "train_perplexity_sampled": round(math.exp(min(mean_loss, 50.0)), 3),
-                     "forward_loss_sampled": round(interval_fb[0] / interval_steps, 5),
-                     "backward_loss_sampled": round(interval_fb[1] / interval_steps, 5),
-                     "grad_norm": round(grad_norm, 4), "tokens_per_s": round(rate, 1),
-                     "elapsed": round(elapsed_before + elapsed, 2)})
-                last_mean = mean_loss
-                interval_loss, interval_steps, interval_tokens, interval_start = 0.0, 0, 0, now
-                interval_fb = [0.0, 0.0]
-            elif recent_rate == 0.0:
-                recent_rate = interval_tokens / max(now - interval_start, 1e-9)
-            if tc.validation_every and step % tc.validation_every == 0 and step < total_steps:
+            if run.step % tc.log_every == 0 or run.step == total_steps or stop_now:
+                log(meter.record(run.step, per_epoch, run.tokens, grad_norm, lr, run.elapsed_before + elapsed))
+            if val_due and run.step < total_steps and not stop_now:
                 vresult = validation = validate()
-                event = "validation"
-            due = bool(tc.checkpoint_every and step - last_ckpt_step >= tc.checkpoint_every) or due_by_time
-            if (due or stop_now) and step < total_steps:
-                last_ckpt_path = checkpoint(elapsed_before + elapsed)
-                last_ckpt_step, last_ckpt_time = step, time.monotonic()
+                last_val_time, event = time.monotonic(), "validation"
+                if _agree(ddp, device, bool(tc.patience and run.bad_validations >= tc.patience)):
+                    stopped, stop_now = "patience", True
+            due = bool(tc.checkpoint_every and run.step - last_ckpt_step >= tc.checkpoint_every) or due_by_time
+            if (due or stop_now) and run.step < total_steps:
+                last_ckpt_path = checkpoint(run.elapsed_before + elapsed)
+                last_ckpt_step, last_ckpt_time = run.step, time.monotonic()
                 event = event or "checkpoint"
             if on_step is not None and ddp.main:
-                eta = (total_steps - step) * B * T * ddp.world_size / max(recent_rate, 1e-9)
-                on_step(StepInfo(step, total_steps, step / per_epoch, loss_value, recent_rate, elapsed, eta,
-                                 event, vresult))
+                eta = (total_steps - run.step) * B * T * ddp.world_size / max(meter.rate, 1e-9)
+                if tc.max_time:
+                    eta = min(eta, max(0.0, tc.max_time - run.elapsed_before - elapsed))
+                on_step(StepInfo(run.step, total_steps, run.step / per_epoch, (f_val + b_val) / 2,
+                                 meter.rate, elapsed, eta, event, vresult, lr, baseline, run.best))
             if stop_now:
-                stopped = "signal" if stop.signal is not None else "max_time"
+                if stopped != "patience":
+                    stopped = "signal" if stop.signal is not None else "max_time"
                 break
 
     elapsed = time.monotonic() - start
-    if step > last_ckpt_step or last_ckpt_path is None:
-        last_ckpt_path = checkpoint(elapsed_before + elapsed)
-    if stopped in ("finished", "max_time") and step > resumed_from and vdataset is not None:
+    if stopped in ("finished", "max_time") and run.step > resumed_from and vdataset is not None:
         validation = validate()
+    if run.step > last_ckpt_step or last_ckpt_path is None:
+        last_ckpt_path = checkpoint(run.elapsed_before + elapsed)
     if ddp.enabled:
         dist.barrier()
-    return TrainResult(run_dir=run_dir, step=step, total_steps=total_steps, stopped=stopped,
-                       train_loss=last_mean, tokens_per_s=recent_rate, elapsed=elapsed, checkpoint=last_ckpt_path,
-                       validation=validation, resumed_from=resumed_from, world_size=ddp.world_size, notes=notes)
+    return TrainResult(run_dir=run_dir, step=run.step, total_steps=total_steps, stopped=stopped,
+                       train_loss=meter.last_mean, tokens_per_s=meter.rate, elapsed=elapsed,
+                       checkpoint=last_ckpt_path, validation=validation, resumed_from=resumed_from,
+                       world_size=ddp.world_size, notes=notes, baseline=baseline, best=run.best)
+
+
+def _agree(ddp, device: torch.device, flag: bool) -> bool:
+    """Rank 0's decision, the same on every process."""
+    if not ddp.enabled:
+        return flag
+    t = torch.tensor([float(flag)], device=device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def _check_finite(what: str, value: float, step: int, last_ckpt_path: Path | None) -> None:
+    if not math.isfinite(value):
+        raise ElmoError(f"the {what} became {value} at step {step + 1}; stopped without writing. The last good "
+                        f"checkpoint is {last_ckpt_path or 'none (no checkpoint yet)'}; try a lower --lr")

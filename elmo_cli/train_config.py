@@ -21,14 +21,27 @@ from vocab.errors import ElmoError
 from vocab.text import atomic_write_bytes, read_json
 
 
+OPTIMIZERS = ("adagrad", "adam", "adamw")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """Optimisation and bookkeeping. Defaults are bilm-tf's (train_elmo.py, training.py)."""
 
     batch_size: int = 128  # rows per process; bilm-tf's batch_size per GPU
     unroll_steps: int = 20  # T, truncated-BPTT window
-    lr: float = 0.2  # Adagrad
+    optimizer: str = "adagrad"  # adagrad (bilm-tf) | adam | adamw
+    lr: float = 0.2  # the peak learning rate (bilm-tf's Adagrad: 0.2)
     initial_accumulator: float = 1.0  # Adagrad's initial_accumulator_value
+    weight_decay: float = 0.0  # adamw's decoupled weight decay (adam: L2 in the gradient); not with adagrad
+    # Learning rate over the run: `warmup` (fraction of the run) rises linearly from 0, then `lr_schedule`
+    # constant | linear | cosine decays to `final_lr_ratio * lr` at the end. The run's progress is steps done over
+    # the run's steps, or, with max_time, the larger of that and the training time over max_time: a run given a
+    # time budget ends annealed.
+    lr_schedule: str = "constant"
+    warmup: float = 0.0
+    final_lr_ratio: float = 0.0
     clip_norm: float = 10.0  # global gradient-norm clip (all_clip_norm_val)
     dropout: float = 0.1
     # Zero the LSTM states where each sentence starts. bilm-tf carried them from one sentence into the next, so its
@@ -38,7 +51,7 @@ class TrainingConfig:
     n_negative_samples: int = 8192  # per direction and step; >= vocabulary size means the full softmax
     epochs: float = 10.0  # epochs of the manifest's token count: steps = epochs * total_tokens / (B * T * ranks)
     max_steps: int = 0  # when > 0, the run length in steps (instead of `epochs`)
-    max_time: float = 0.0  # seconds of training in this invocation; 0 = no limit
+    max_time: float = 0.0  # seconds of training of the whole run (resumed parts included); 0 = no limit
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "fp32"  # fp32 | bf16 (autocast)
@@ -47,7 +60,16 @@ class TrainingConfig:
     checkpoint_every: int = 500  # steps; 0 = only by time and at the end
     checkpoint_minutes: float = 30.0  # also checkpoint after this many minutes; 0 = off
     keep_checkpoints: int = 3
-    validation_every: int = 0  # steps; 0 = validate only at the end (when a validation set is given)
+    # With a validation set: full-softmax validation every `validation_every` steps (0 = 20 times over the run's
+    # steps) and every `validation_minutes` of training (0 = a twentieth of max_time, else 15 minutes), and at the
+    # end. The model files of the run directory are those of the best validation so far (`keep_best`); the
+    # checkpoints keep the latest state. `patience` > 0 stops after that many validations without improvement.
+    validation_every: int = 0
+    validation_minutes: float = 0.0
+    keep_best: bool = True
+    patience: int = 0
+    baseline: bool = True  # with a validation set: an order-`baseline_order` Kneser-Ney reference, computed once
+    baseline_order: int = 5
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
 
     def validate(self, source: str = "config") -> None:
@@ -59,12 +81,24 @@ class TrainingConfig:
             if not getattr(self, name) > 0:
                 raise ElmoError(f"{source}: training.{name} must be positive, got {getattr(self, name)}")
         nonneg = ("initial_accumulator", "clip_norm", "max_steps", "max_time", "checkpoint_every",
-                  "checkpoint_minutes", "validation_every", "threads")
+                  "checkpoint_minutes", "validation_every", "validation_minutes", "threads", "weight_decay",
+                  "warmup", "final_lr_ratio", "patience")
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ElmoError(f"{source}: training.{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ElmoError(f"{source}: training.dropout must be in [0, 1), got {self.dropout}")
+        choices = {"optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES}
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ElmoError(f"{source}: training.{name} must be one of {', '.join(valid)}, got "
+                                f"{getattr(self, name)!r}")
+        if self.warmup >= 1.0 or self.final_lr_ratio > 1.0:
+            raise ElmoError(f"{source}: training.warmup must be below 1 and training.final_lr_ratio at most 1")
+        if self.weight_decay and self.optimizer == "adagrad":
+            raise ElmoError(f"{source}: training.weight_decay applies to adam and adamw, not adagrad")
+        if not 1 <= self.baseline_order <= 9:
+            raise ElmoError(f"{source}: training.baseline_order must be between 1 and 9, got {self.baseline_order}")
         if self.dtype not in ("fp32", "bf16"):
             raise ElmoError(f"{source}: training.dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
 

@@ -88,8 +88,12 @@ def test_resume_20_then_40_equals_40(shards, tmp_path):
     assert len(list_checkpoints(tmp_path / "a")) == 3  # keep_checkpoints
     with pytest.raises(ElmoError, match="already holds a run"):
         train(tiny_config(max_steps=40), train_dir, tmp_path / "a")
-    with pytest.raises(ElmoError, match="batch size"):
+    with pytest.raises(ElmoError, match="cannot resume with training.batch_size = 5: the run was started with 4"):
         train(tiny_config(max_steps=50, batch_size=5), train_dir, tmp_path / "a", resume=True)
+    with pytest.raises(ElmoError, match="training.lr = 0.5"):
+        train(tiny_config(max_steps=50, lr=0.5), train_dir, tmp_path / "a", resume=True)
+    r = train(tiny_config(max_steps=45), train_dir, tmp_path / "a", resume=True)  # the same command, longer
+    assert (r.resumed_from, r.step) == (40, 45)
 
 
 def _cli(args: list[str], **kw) -> subprocess.Popen:
