@@ -22,9 +22,24 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # help paragraphs are re-flowed: docstring line breaks are not kept
 )
 console = Console()
 err_console = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"elmo-cli {version('elmo-cli')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Train and use ELMo-style contextual word representations on your own corpus."""
 
 
 @contextlib.contextmanager
@@ -86,7 +101,10 @@ def cli_build_vocab(
 ) -> None:
     """Count whitespace tokens (one sentence per line) and write VOCAB (specials first, then by descending count,
     ties by UTF-8 bytes) plus VOCAB.counts.tsv. With --sentencepiece, train a model on raw text instead and write it
-    beside the vocabulary as <stem>.spm.model (vocab.txt -> vocab.spm.model); shard then tokenizes with it."""
+    beside the vocabulary as STEM.spm.model (vocab.txt -> vocab.spm.model); shard then tokenizes with it.
+
+    Example: `elmo-cli build-vocab corpus/*.txt.gz --output vocab.txt --min-count 2`
+    """
     from vocab.vocabulary import build_vocab, train_sentencepiece
 
     with _user_errors():
@@ -123,7 +141,10 @@ def cli_shard(
     errors: str = typer.Option("strict", help="Invalid UTF-8: strict (error) or replace (U+FFFD)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty output directory."),
 ) -> None:
-    """Encode a corpus into shuffled, memory-mappable shards with a manifest.json the trainer reads."""
+    """Encode a corpus into shuffled, memory-mappable shards with a manifest.json the trainer reads.
+
+    Example: `elmo-cli shard corpus/*.txt.gz --vocab vocab.txt --output shards/`
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from vocab.shards import write_shards
@@ -260,7 +281,7 @@ def cli_train(
 ) -> None:
     """Train a biLM on shards; under torchrun, DistributedDataParallel over the processes.
 
-    Example: elmo-cli train --data shards/ --validation heldout/ --output run/ --preset tiny
+    Example: `elmo-cli train --data shards/ --validation heldout/ --output run/ --preset tiny`
     """
     with _user_errors():
         import math
@@ -304,12 +325,85 @@ def cli_train(
 
 
 # ---- evaluate (issue: perplexity) ------------------------------------------------------------------------------
+_BASELINES = ("kn", "unigram")
+
+
+def _check_baseline_args(kinds: list[str], train: list[str], order: int) -> None:
+    """Refuse bad --baseline/--baseline-train/--kn-order before the model is loaded."""
+    bad = sorted(set(kinds) - set(_BASELINES))
+    if bad:
+        raise ElmoError(f"--baseline {bad[0]!r}: expected kn or unigram")
+    if kinds and not train:
+        raise ElmoError(f"--baseline {kinds[0]} needs --baseline-train TRAIN (the text or shards the model was "
+                        f"trained on)")
+    if train and not kinds:
+        raise ElmoError("--baseline-train is given but no --baseline (kn, unigram)")
+    if not 1 <= order <= 9:
+        raise ElmoError(f"--kn-order must be between 1 and 9, got {order}")
+    from vocab.text import expand_paths
+
+    for path in train:
+        if path != "-" and not Path(path).is_dir() and not expand_paths([path]):
+            raise ElmoError(f"{path}: --baseline-train file not found")
+
+
+def _baselines(kinds: list[str], train: list[str], order: int, data: list[str], loaded, exclude_unk: bool,
+               errors: str) -> dict[str, dict]:
+    """The requested n-gram references of ``train`` scored on ``data``: ``{"kn5": {...}, "unigram": {...}}``."""
+    from elmo_cli.baselines import kneser_ney_baseline, unigram_model, unigram_perplexity
+
+    out: dict[str, dict] = {}
+    for kind in dict.fromkeys(kinds):
+        if kind == "kn":
+            kn = kneser_ney_baseline(train, data, loaded.text, order, exclude_unk, errors)
+            out[f"kn{order}"] = {"forward_perplexity": kn.forward_perplexity,
+                                 "backward_perplexity": kn.backward_perplexity,
+                                 "average_perplexity": kn.average_perplexity, "tokens": kn.tokens}
+        else:
+            uni = unigram_perplexity(unigram_model(train, loaded.text, errors), data, loaded.text, exclude_unk,
+                                     errors)
+            out["unigram"] = {"forward_perplexity": uni.perplexity, "backward_perplexity": uni.perplexity,
+                              "average_perplexity": uni.perplexity, "tokens": uni.tokens}
+    return out
+
+
+def _evaluate_table(title: str, result, baselines: dict[str, dict], exclude_unk: bool) -> "Table":
+    from rich.table import Table
+
+    unk = ", <UNK> targets excluded" if exclude_unk else ""
+    table = Table(title=title, title_justify="left")
+    table.add_column("")
+    table.add_column("biLM", justify="right")
+    for name in baselines:
+        table.add_column(name.upper() if name.startswith("kn") else name, justify="right")
+    rows = [("forward perplexity", "forward_perplexity"), ("backward perplexity", "backward_perplexity"),
+            ("[bold]average perplexity (forward + backward) / 2[/]", "average_perplexity")]
+    for label, key in rows:
+        table.add_row(label, f"{getattr(result, key):.2f}", *(f"{b[key]:.2f}" for b in baselines.values()))
+    for name, b in baselines.items():
+        if name.startswith("kn"):
+            table.add_row(f"biLM / {name.upper()} (average)", f"{result.average_perplexity / b['average_perplexity']:.3f}",
+                          *("" for _ in baselines))
+    table.add_row("exp(mean loss of both directions)", f"{result.mean_loss_perplexity:.2f}", *("" for _ in baselines))
+    table.add_row("sentences scored", f"{result.sentences:,}", *("" for _ in baselines))
+    table.add_row("blank lines skipped", f"{result.blank_lines:,}", *("" for _ in baselines))
+    table.add_row("words", f"{result.words:,}", *("" for _ in baselines))
+    table.add_row(f"tokens scored per direction (words + </S> or <S>{unk})", f"{result.tokens:,}",
+                  *(f"{b['tokens']:,}" for b in baselines.values()))
+    table.add_row("OOV rate (words that are <UNK>)", f"{result.oov_rate:.2%}", *("" for _ in baselines))
+    table.add_row("tokens scored per second", f"{result.tokens_per_second:,.0f}", *("" for _ in baselines))
+    return table
+
+
 @app.command("evaluate")
 def cli_evaluate(
     data: List[str] = typer.Argument(..., help="Text files (globs, - for stdin, .gz) tokenized with the model's "
                                                "own vocabulary or SentencePiece model, or shard directories."),
-    model: Path = typer.Option(..., "--model", help="Model directory with softmax.hdf5 and vocab.txt "
-                                                    "(a training run directory)."),
+    model: Optional[Path] = typer.Option(None, "--model", help="Model directory with softmax.hdf5 and vocab.txt "
+                                                               "(a training run directory or an export)."),
+    options: Optional[Path] = typer.Option(None, "--options", help="bilm-tf options.json (with --weights, "
+                                                                   "instead of --model)."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="bilm-tf weights.hdf5 (with --options)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Sentences per batch (results do not depend on it "
                                                             "unless --stateful)."),
     per_sentence: Optional[Path] = typer.Option(None, "--per-sentence", dir_okay=False,
@@ -321,69 +415,52 @@ def cli_evaluate(
     stateful: bool = typer.Option(False, "--stateful", help="bilm-tf's behaviour: carry LSTM state from one "
                                                             "batch to the next (scores then depend on batch size "
                                                             "and order)."),
-    unigram_baseline: Optional[List[str]] = typer.Option(None, "--unigram-baseline", metavar="TRAIN",
-                                                         help="Also report an add-one smoothed unigram's perplexity "
-                                                              "estimated from this training text or shard "
-                                                              "directory (repeatable)."),
+    baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Also score an n-gram reference of "
+                                                                          "--baseline-train on the same targets: "
+                                                                          "kn (interpolated modified Kneser-Ney) "
+                                                                          "or unigram (add-one); repeatable."),
+    baseline_train: Optional[List[str]] = typer.Option(None, "--baseline-train", metavar="TRAIN",
+                                                       help="The text files or shard directories the references "
+                                                            "are counted from (repeatable)."),
+    kn_order: int = typer.Option(5, "--kn-order", help="Order of the Kneser-Ney reference (1-9)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1 or auto."),
     errors: str = typer.Option("strict", "--errors", help="Invalid UTF-8 in DATA: strict (stop) or replace."),
 ) -> None:
-    """Perplexity of a biLM with the full softmax in both directions (forward, backward and their average)."""
+    """Perplexity of a biLM with the full softmax in both directions (forward, backward and their average),
+    beside Kneser-Ney and unigram references on the same targets.
+
+    Example: `elmo-cli evaluate --model run/ heldout.txt --baseline kn --baseline-train train.txt`
+    """
     import json
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from elmo_cli.baselines import unigram_model, unigram_perplexity
     from elmo_cli.evaluate import evaluate
     from elmo_cli.loading import load_model
 
     with _user_errors():
-        loaded = load_model(model, device=device)
+        kinds, train = list(baseline or []), list(baseline_train or [])
+        _check_baseline_args(kinds, train, kn_order)
+        loaded = load_model(model, options, weights, device)
         with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err_console, transient=True) as bar:
+                      console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
             task = bar.add_task("scoring", total=None)
             result = evaluate(loaded, data, batch_size=batch_size, exclude_unk=exclude_unk, stateful=stateful,
                               per_sentence_path=per_sentence, errors=errors,
                               on_progress=lambda done, total: bar.update(task, completed=done, total=total))
-        unigram = None
-        if unigram_baseline:
-            unigram = unigram_perplexity(unigram_model(unigram_baseline, loaded.text, errors), data, loaded.text,
-                                         exclude_unk, errors)
+        refs = _baselines(kinds, train, kn_order, data, loaded, exclude_unk, errors)
     mode = ("stateful: LSTM state carried between batches as bilm-tf did; scores depend on batch size and order"
             if stateful else "stateless: every sentence starts from zero state")
     if json_output:
         out = result.to_dict()
         out["mode"] = "stateful" if stateful else "stateless"
-        if unigram is not None:
-            out["unigram_perplexity"] = unigram.perplexity
-            out["unigram_train_tokens"] = unigram.train_tokens
+        out["baselines"] = refs
         typer.echo(json.dumps(out))
         return
-    unk = ", <UNK> targets excluded" if exclude_unk else ""
-    table = Table(title=f"evaluate {model}", show_header=False, title_justify="left")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    table.add_row("sentences scored", f"{result.sentences:,}")
-    table.add_row("blank lines skipped", f"{result.blank_lines:,}")
-    table.add_row("words", f"{result.words:,}")
-    table.add_row(f"tokens scored per direction (words + </S> or <S>{unk})", f"{result.tokens:,}")
-    table.add_row("OOV rate (words that are <UNK>)", f"{result.oov_rate:.2%}")
-    table.add_row("forward perplexity", f"{result.forward_perplexity:.2f}")
-    table.add_row("backward perplexity", f"{result.backward_perplexity:.2f}")
-    table.add_row("[bold]average perplexity (forward + backward) / 2[/]", f"[bold]{result.average_perplexity:.2f}[/]")
-    table.add_row("exp(mean loss of both directions)", f"{result.mean_loss_perplexity:.2f}")
-    if unigram is not None:
-        table.add_row("unigram baseline perplexity (add-one, same targets)", f"{unigram.perplexity:.2f}")
-    table.add_row("tokens scored per second", f"{result.tokens_per_second:,.0f}")
-    console.print(table)
+    console.print(_evaluate_table(f"evaluate {model or weights}", result, refs, exclude_unk))
     console.print(f"full softmax over {result.vocab_size:,} words, no dropout; {mode}", highlight=False)
     if per_sentence is not None:
         console.print(f"per-sentence scores: {per_sentence}", highlight=False)
-    if unigram is not None:
-        console.print(f"perplexity on {', '.join(data)}: biLM {result.average_perplexity:.1f} (average of both "
-                      f"directions) vs unigram {unigram.perplexity:.1f}, over the same {result.tokens:,} tokens",
-                      highlight=False)
 
 
 # ---- export, dump-embeddings, dump-token-embeddings (issue: embeddings) ----------------------------------------
@@ -401,7 +478,10 @@ def cli_export(
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
 ) -> None:
     """Write a clean prediction directory: options.json (n_characters 262), weights.hdf5, softmax.hdf5, vocab.txt,
-    chars.json, spm.model (each when present), loadable by allennlp's Elmo and by every elmo-cli command."""
+    chars.json, spm.model (each when present), loadable by allennlp's Elmo and by every elmo-cli command.
+
+    Example: `elmo-cli export --model run/ --output model/`
+    """
     with _user_errors():
         from elmo_cli.export import export_model
 
@@ -440,6 +520,8 @@ def cli_dump_embeddings(
 
     Works under `torchrun --nproc-per-node N elmo-cli dump-embeddings ...`: each rank embeds its share of the lines
     and rank 0 writes the one output file.
+
+    Example: `elmo-cli dump-embeddings sentences.txt vectors.hdf5 --model run/ --layers all`
     """
     with _user_errors():
         import time
@@ -496,7 +578,10 @@ def cli_dump_token_embeddings(
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
 ) -> None:
     """Token-encoder output of every vocabulary line (bilm-tf's token cache); use it with dump-embeddings
-    --token-cache to skip the character CNN for those tokens."""
+    --token-cache to skip the character CNN for those tokens.
+
+    Example: `elmo-cli dump-token-embeddings --model run/ --vocab words.txt --output tokens.hdf5`
+    """
     with _user_errors():
         from elmo_cli.dump import dump_token_embeddings
         from elmo_cli.loading import load_model
@@ -504,6 +589,32 @@ def cli_dump_token_embeddings(
         loaded = load_model(model, options, weights, device)
         path, n = dump_token_embeddings(loaded, vocab, output, force)
         console.print(f"wrote {path}: {n} tokens x {loaded.model.config.lstm.projection_dim}", highlight=False)
+
+
+# ---- plot (training curves) --------------------------------------------------------------------------------------
+@app.command("plot")
+def cli_plot(
+    runs: List[Path] = typer.Argument(..., help="Run directories (with metrics.jsonl), drawn side by side."),
+    output: Optional[Path] = typer.Option(None, "--output", help="PNG to write (default: RUN/curves.png of the "
+                                                                 "first run)."),
+) -> None:
+    """Draw training curves: sampled training loss, held-out perplexity against steps and minutes with the
+    Kneser-Ney reference, and tokens per second.
+
+    Example: `elmo-cli plot run-a/ run-b/ --output compare.png`
+    """
+    with _user_errors():
+        from elmo_cli.plot import CURVES_FILE, plot_runs, read_metrics
+
+        metrics = [read_metrics(r) for r in runs]
+        path = plot_runs(metrics, output or Path(runs[0]) / CURVES_FILE)
+        console.print(f"wrote {path}", highlight=False)
+
+
+# ---- task models (the `task` sub-app) --------------------------------------------------------------------------
+from elmo_cli.tasks.cli import task_app  # noqa: E402  (after `app` exists; it imports nothing of this module)
+
+app.add_typer(task_app, name="task")
 
 
 if __name__ == "__main__":

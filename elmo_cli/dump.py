@@ -239,24 +239,43 @@ def _merge_ranks(output: Path, rank: int, world: int, n_lines: int, sentence_to_
 
 
 # ---- dump-token-embeddings ------------------------------------------------------------------------------------------
+def read_word_list(path: Path) -> list[str]:
+    """Words, one per line (a bilm-tf vocabulary, or any list: ``<UNK>`` and the boundaries are optional);
+    ElmoError naming file and line for an empty line, a space inside a word, or a repeated word."""
+    path = Path(path)
+    if not path.is_file():
+        raise ElmoError(f"{path}: word list not found")
+    words: dict[str, int] = {}
+    for _, lineno, line in read_lines([str(path)]):
+        if not line or any(c.isspace() for c in line):
+            raise ElmoError(f"{path}:{lineno}: expected one word per line, got {line!r}")
+        if line in words:
+            raise ElmoError(f"{path}:{lineno}: {line!r} repeats line {words[line]}")
+        words[line] = lineno
+    if not words:
+        raise ElmoError(f"{path}: the word list is empty")
+    return list(words)
+
+
 def dump_token_embeddings(loaded: LoadedModel, vocab_path: Path, output: Path, force: bool = False,
                           on_progress: Callable[[int, int], None] | None = None) -> tuple[Path, int]:
-    """bilm-tf's token cache: the encoder output of every vocabulary line, ``embedding (V, P)`` (+ ``tokens``).
+    """bilm-tf's token cache: the encoder output of every word of a list, ``embedding (V, P)`` (+ ``tokens``).
+
+    ``<S>`` and ``</S>`` rows, when listed, are computed from the sentence-boundary character ids, as the model
+    reads them at the ends of every sentence.
 
     # Returns
     the output path and V.
     """
-    from vocab.vocabulary import Vocabulary
-
     output = Path(output)
     check_new_output(output, force)
-    vocab = Vocabulary.load(vocab_path)
+    words = read_word_list(vocab_path)
     store = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device)
     parts = []
     with torch.no_grad():
-        for s in range(0, len(vocab), 4 * ENCODER_CHUNK):
-            parts.append(store.encode(vocab.tokens[s : s + 4 * ENCODER_CHUNK]).cpu().numpy())
+        for s in range(0, len(words), 4 * ENCODER_CHUNK):
+            parts.append(store.encode(words[s : s + 4 * ENCODER_CHUNK]).cpu().numpy())
             if on_progress:
-                on_progress(min(s + 4 * ENCODER_CHUNK, len(vocab)), len(vocab))
-    h5dump.write_token_cache(output, vocab.tokens, np.concatenate(parts))
-    return output, len(vocab)
+                on_progress(min(s + 4 * ENCODER_CHUNK, len(words)), len(words))
+    h5dump.write_token_cache(output, words, np.concatenate(parts))
+    return output, len(words)

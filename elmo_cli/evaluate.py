@@ -60,6 +60,11 @@ _LOGITS_BUDGET = 1 << 24  # floats of full-softmax logits held at once: 64 MB in
 _POOL_BATCHES = 32  # stateless: sentences are sorted by length within pools of this many batches
 
 
+def _exp(x: float) -> float:
+    """exp, but infinity past float range (a diverged model's perplexity) instead of OverflowError."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
 @dataclass
 class EvalResult:
     """Corpus totals of an evaluation; the perplexities are properties (see the module docstring)."""
@@ -83,11 +88,11 @@ class EvalResult:
 
     @property
     def forward_perplexity(self) -> float:
-        return math.exp(-self.forward_logprob / self.tokens)
+        return _exp(-self.forward_logprob / self.tokens)
 
     @property
     def backward_perplexity(self) -> float:
-        return math.exp(-self.backward_logprob / self.tokens)
+        return _exp(-self.backward_logprob / self.tokens)
 
     @property
     def average_perplexity(self) -> float:
@@ -97,7 +102,7 @@ class EvalResult:
     @property
     def mean_loss_perplexity(self) -> float:
         """exp of the mean loss over both directions = the geometric mean of the two perplexities."""
-        return math.exp(-(self.forward_logprob + self.backward_logprob) / (2 * self.tokens))
+        return _exp(-(self.forward_logprob + self.backward_logprob) / (2 * self.tokens))
 
     @property
     def tokens_per_second(self) -> float:

@@ -38,6 +38,7 @@ from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_ar
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
+from elmo_cli.plot import CURVES_FILE, plot_runs, read_metrics
 from elmo_cli.presets import build_config
 from elmo_cli.train_config import RunConfig, TrainingConfig, save_config
 from vocab.errors import ElmoError
@@ -496,6 +497,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
         save_config(config, run_dir / CONFIG_FILE)
 
     keep_best = vdataset is not None and tc.keep_best
+    start = time.monotonic()  # set again when the loop starts: the training clock
 
     def checkpoint(elapsed: float) -> Path | None:
         mine = rank_state(sampler, device, streams.state(), states)
@@ -530,11 +532,12 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                 write_model_dir()
         else:
             run.bad_validations += 1
-        log({"kind": "validation", "step": run.step, **{k: round(v, 4) if isinstance(v, float) else v
-                                                          for k, v in result.items()},
+        log({"kind": "validation", "step": run.step, "elapsed": round(run.elapsed_before + time.monotonic() - start, 2),
+             **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()},
              "softmax": "full", "best": improved, **({"baseline": baseline["name"],
                                                       "baseline_average_perplexity": round(
                                                           baseline["average_perplexity"], 4)} if baseline else {})})
+        plot_runs([read_metrics(run_dir)], run_dir / CURVES_FILE)
         return result
 
     if ddp.main and (ckpt is None or not keep_best):

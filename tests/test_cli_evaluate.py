@@ -34,14 +34,14 @@ def test_json_output(tmp_path):
     assert out["blank_lines"] == 2 and out["mode"] == "stateless"
 
 
-def test_table_per_sentence_and_unigram(tmp_path):
+def test_table_per_sentence_and_baselines(tmp_path):
     model, data = setup(tmp_path)
     per = tmp_path / "per.jsonl"
-    r = invoke(["--model", model, data, "--per-sentence", per, "--unigram-baseline", data, "--exclude-unk"])
+    r = invoke(["--model", model, data, "--per-sentence", per, "--baseline", "kn", "--baseline", "unigram",
+                "--baseline-train", data, "--exclude-unk"])
     assert r.exit_code == 0, r.output
     for label in ("forward perplexity", "backward perplexity", "average perplexity", "OOV rate",
-                  "tokens scored per direction", "unigram baseline perplexity", "blank lines skipped", "stateless",
-                  "vs unigram"):
+                  "tokens scored per direction", "KN5", "unigram", "biLM / KN5", "blank lines skipped", "stateless"):
         assert label in r.stdout
     rows = [json.loads(line) for line in per.read_text("utf-8").splitlines()]
     assert len(rows) == len(LINES)
@@ -70,3 +70,44 @@ def test_model_without_softmax(tmp_path):
     r = invoke(["--model", model, data])
     assert r.exit_code == 1
     assert "train --init-from" in r.stderr and "Traceback" not in r.output
+
+
+def test_json_baselines_side_by_side(tmp_path):
+    model, data = setup(tmp_path)
+    r = invoke(["--model", model, data, "--json", "--baseline", "kn", "--baseline", "unigram", "--kn-order", "3",
+                "--baseline-train", data])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out["baselines"]) == {"kn3", "unigram"}
+    for ref in out["baselines"].values():
+        assert ref["tokens"] == out["tokens"]
+        assert ref["average_perplexity"] == (ref["forward_perplexity"] + ref["backward_perplexity"]) / 2
+    # Trained and tested on the same text, an order-3 KN model predicts it far better than a unigram.
+    assert out["baselines"]["kn3"]["average_perplexity"] < out["baselines"]["unigram"]["average_perplexity"]
+
+
+def test_bad_baseline_arguments_are_one_line_errors(tmp_path):
+    model, data = setup(tmp_path)
+    cases = [(["--baseline", "kn"], "needs --baseline-train"),
+             (["--baseline", "kn", "--baseline-train", data, "--kn-order", "0"], "between 1 and 9"),
+             (["--baseline", "kn", "--baseline-train", data, "--kn-order", "10"], "between 1 and 9"),
+             (["--baseline", "trigram", "--baseline-train", data], "expected kn or unigram"),
+             (["--baseline-train", data], "no --baseline"),
+             (["--baseline", "kn", "--baseline-train", tmp_path / "missing.txt"], "missing.txt"),
+             (["--baseline", "kn", "--baseline-train", tmp_path / "empty.txt"], "no sentences")]
+    (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
+    for extra, message in cases:
+        r = invoke(["--model", model, data, *extra])
+        assert r.exit_code == 1, (extra, r.output)
+        assert r.stderr.startswith("error:") and message in r.stderr, (extra, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_published_files_without_softmax_point_to_init_from():
+    from test_cli_embed import REFERENCE
+
+    r = invoke(["--options", REFERENCE / "options.json", "--weights", REFERENCE / "weights.hdf5",
+                REFERENCE / "sentences.txt"])
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error:") and "train --init-from" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -132,6 +132,31 @@ def test_token_cache_gives_identical_output(loaded, text_file, tmp_path, referen
         np.testing.assert_allclose(cached[k], plain[k], atol=1e-6, rtol=0)
 
 
+def test_token_cache_from_any_word_list(loaded, text_file, tmp_path):
+    """bilm-tf's own test builds its cache from the sentence words plus <S> and </S>: no <UNK>, any order."""
+    path, lines = text_file
+    words = sorted({w for line in lines for w in line.split()} - {"<S>", "</S>", "<UNK>"})
+    listed = tmp_path / "words.txt"
+    listed.write_text("\n".join(words + ["</S>", "<S>"]) + "\n", encoding="utf-8")
+    cache = tmp_path / "cache.hdf5"
+    dump_token_embeddings(loaded, listed, cache)
+    store = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device)
+    want = store.encode(["<S>", "</S>"]).numpy()  # the boundary character ids
+    with h5py.File(cache) as f:
+        assert f["embedding"].shape == (len(words) + 2, 64)
+        np.testing.assert_allclose(f["embedding"][-1], want[0], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(f["embedding"][-2], want[1], atol=1e-5, rtol=0)
+    dump_embeddings(loaded, path, tmp_path / "plain.hdf5")
+    dump_embeddings(loaded, path, tmp_path / "cached.hdf5", token_cache=cache)
+    plain, _ = _read(tmp_path / "plain.hdf5")
+    cached, _ = _read(tmp_path / "cached.hdf5")
+    for k in plain:
+        np.testing.assert_allclose(cached[k], plain[k], atol=1e-6, rtol=0)
+    listed.write_text("cat\nthe dog\n", encoding="utf-8")
+    with pytest.raises(ElmoError, match="words.txt:2: expected one word per line"):
+        dump_token_embeddings(loaded, listed, tmp_path / "bad.hdf5")
+
+
 def test_token_cache_rows_are_used(loaded, tmp_path):
     """A cache row is taken as is: a doctored row changes layer 0 of exactly that token."""
     store = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device)
