@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmo_cli.presets import PRESETS
-from elmo_cli.embed import dump_embeddings
+from elmo_cli.dump import dump_embeddings
 from elmo_cli.loading import LoadedModel
 from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
 from vocab.chars import ByteChars

@@ -186,28 +186,46 @@ class LSTMStack(nn.Module):
 class BiLSTMKernel:
     """Both LSTM stacks of a biLM for stateless inference, the two directions computed together.
 
-    The forward and backward weights of each layer are stacked on a leading axis of 2, so one step of both
-    directions is one batched product (``baddbmm``: ``(2, B, P) @ (2, P, 4H)``) instead of two. Gates keep the
-    layer's ``i, j, f, o`` column order. The input product of all T steps is one product before the loop, and each
-    step works in place on its slice of it. Same function as the stacks run from zero state at every token
-    position; the boundary positions (``<S>``, ``</S>``), which embeddings drop, are not all computed.
+    Exact fp32 (the same function as `LSTMStack` from zero state), arranged for speed:
+    - rows sorted by length and time-major, so step t runs only on the rows still inside their sentence (the
+      active batch shrinks as sentences end; no step is spent on padding or on a row's final boundary token,
+      whose output nothing keeps);
+    - gate-major weights: the four gate blocks (``i, j, f, o``, the layer's order) of both directions as one
+      batched product of eight ``(P, H)`` matrices per step, and the input product of all steps likewise before
+      the loop (for the first layer once per distinct token, then gathered);
+    - each step works in place on its slice of the input product.
+    ``compute_dtype=torch.bfloat16`` runs the matrix products in bf16 (states and elementwise work stay fp32):
+    approximate by design, for CPUs with AVX512-BF16/AMX and for GPUs.
     """
 
-    def __init__(self, forward: LSTMStack, backward: LSTMStack):
+    def __init__(self, forward: LSTMStack, backward: LSTMStack, compute_dtype: torch.dtype | None = None):
         first = forward.layers[0]
         self.H = first.dim
         self.residual = forward.residual
         self.cell_clip, self.proj_clip = first.cell_clip, first.proj_clip
+        self.dtype = compute_dtype
+        H = self.H
+
+        def gate_major(w: torch.Tensor) -> torch.Tensor:  # (4H, D) per direction -> (4, D, H)
+            return w.view(4, H, -1).transpose(1, 2)
+
+        cast = (lambda t: t.to(compute_dtype)) if compute_dtype is not None else (lambda t: t)
         self.layers = []
         with torch.no_grad():
             for fl, bl in zip(forward.layers, backward.layers):
                 both = (fl, bl)
                 self.layers.append((
-                    torch.stack([l.input_weight.t() for l in both]).contiguous(),  # (2, P, 4H)
-                    torch.stack([l.bias + l.forget_bias for l in both]).unsqueeze(1),  # (2, 1, 4H)
-                    torch.stack([l.recurrent_weight.t() for l in both]).contiguous(),  # (2, P, 4H)
-                    torch.stack([l.projection_weight.t() for l in both]).contiguous(),  # (2, H, P)
+                    cast(torch.stack([gate_major(l.input_weight) for l in both]).contiguous()),  # (2, 4, P, H)
+                    torch.stack([(l.bias + l.forget_bias).view(4, 1, H) for l in both]),  # (2, 4, 1, H)
+                    cast(torch.stack([gate_major(l.recurrent_weight) for l in both]).reshape(8, -1, H)),  # (8, P, H)
+                    cast(torch.stack([l.projection_weight.t() for l in both]).contiguous()),  # (2, H, P)
                 ))
+
+    def _mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``a @ b`` in the compute dtype, the result in fp32."""
+        if self.dtype is None:
+            return torch.matmul(a, b)
+        return torch.matmul(a.to(self.dtype), b).float()
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, lengths: torch.Tensor,
@@ -222,53 +240,62 @@ class BiLSTMKernel:
         layers `(L+1, B, T, 2P)` as the stacks give them at positions 1 .. length-2 of each row (undefined
         elsewhere).
         """
-        inp = torch.stack([x, reverse_padded(x, lengths)])  # (2, B, T, P): the backward stack reads rows reversed
-        outputs = [torch.cat([x, x], dim=-1)]
+        B, T, P = x.shape
+        order = torch.argsort(lengths, descending=True, stable=True)
+        lengths_s = lengths[order]
+        x_s = x[order]
+        # Rows active at step t (sorted): those whose next input still feeds a kept output, t < length - 1.
+        active = (lengths_s.unsqueeze(0) - 1 > torch.arange(T, device=x.device).unsqueeze(1)).sum(1).tolist()
+        inp = torch.stack([x_s, reverse_padded(x_s, lengths_s)]).transpose(1, 2).contiguous()  # (2, T, B, P)
+        idx_tm = None
+        if distinct is not None:
+            idx_s = distinct[1][order]
+            idx_tm = torch.stack([idx_s, reverse_padded(idx_s, lengths_s)]).transpose(1, 2).reshape(2, T * B)
+        outputs = [torch.cat([x_s, x_s], dim=-1)]
         for k, (w_in, bias, w_rec, w_proj) in enumerate(self.layers):
-            xw = self._input_product(inp, lengths, w_in, bias, distinct if k == 0 else None)  # (2, T, B, 4H)
-            out = self._recur(xw, w_rec, w_proj)  # (2, B, T, P)
+            if k == 0 and distinct is not None:
+                xw_u = self._mm(distinct[0].unsqueeze(0).unsqueeze(0), w_in) + bias  # (2, 4, U, H)
+                xw = torch.stack([torch.stack([xw_u[d, g].index_select(0, idx_tm[d]) for g in range(4)])
+                                  for d in range(2)])  # (2, 4, T * B, H)
+            else:
+                xw = self._mm(inp.view(2, 1, T * B, P), w_in).add_(bias)  # (2, 4, T * B, H)
+            out = self._recur(xw.view(2, 4, T, B, self.H), w_rec, w_proj, active)  # (2, T, B, P)
             if self.residual and k > 0:
                 out = out + inp
-            outputs.append(torch.cat([out[0], reverse_padded(out[1], lengths)], dim=-1))
+            both = out.transpose(1, 2)  # (2, B, T, P)
+            outputs.append(torch.cat([both[0], reverse_padded(both[1], lengths_s)], dim=-1))
             inp = out
-        return torch.stack(outputs)
+        layers = torch.stack(outputs)  # (L+1, B, T, 2P), rows sorted
+        return layers[:, torch.argsort(order)]
 
-    def _input_product(self, inp: torch.Tensor, lengths: torch.Tensor, w_in: torch.Tensor, bias: torch.Tensor,
-                       distinct: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """``inp @ w_in + bias`` for all steps, time-major `(2, T, B, 4H)` so each step's slice is contiguous."""
-        _, B, T, P = inp.shape
-        G = w_in.shape[-1]
-        if distinct is None:
-            inp_t = inp.transpose(1, 2).reshape(2, T * B, P)  # (2, T * B, P)
-            return torch.baddbmm(bias, inp_t, w_in).view(2, T, B, G)
-        emb, idx = distinct
-        xw_u = torch.baddbmm(bias, emb.unsqueeze(0).expand(2, -1, -1), w_in)  # (2, U, 4H)
-        idx_t = torch.stack([idx, reverse_padded(idx, lengths)]).transpose(1, 2)  # (2, T, B)
-        xw = xw_u.new_empty(2, T * B, G)
-        for d in range(2):
-            torch.index_select(xw_u[d], 0, idx_t[d].reshape(-1), out=xw[d])
-        return xw.view(2, T, B, G)
+    def _recur(self, xw: torch.Tensor, w_rec: torch.Tensor, w_proj: torch.Tensor, active: list[int]
+               ) -> torch.Tensor:
+        """The step loop over ``xw (2, 4, T, B, H)``, in place on each step's slice (not needed afterwards).
 
-    def _recur(self, xw: torch.Tensor, w_rec: torch.Tensor, w_proj: torch.Tensor) -> torch.Tensor:
-        """The step loop over `xw (2, T, B, 4H)`, in place on each step's slice (not needed afterwards).
-
-        The last step is skipped: a direction's output at its final boundary token (``</S>`` forward, ``<S>``
-        backward) feeds nothing that is kept; position T-1 stays undefined like the padding.
+        # Returns
+        outputs `(2, T, B, P)`, zero where a row is not active.
         """
-        _, T, B, _ = xw.shape
-        H, P = self.H, w_proj.shape[-1]
+        _, _, T, B, H = xw.shape
+        P = w_proj.shape[-1]
+        out = xw.new_zeros(2, T, B, P)
         h = xw.new_zeros(2, B, P)
         c = xw.new_zeros(2, B, H)
-        steps = []
-        for z in xw.unbind(1)[: T - 1]:  # (2, B, 4H), gates i, j, f, o
-            z.baddbmm_(h, w_rec)
-            i, j, fo = z[..., :H].sigmoid_(), z[..., H : 2 * H].tanh_(), z[..., 2 * H :].sigmoid_()
-            c = c.mul_(fo[..., :H]).addcmul_(i, j)
+        for t in range(T):
+            n = active[t]
+            if n == 0:
+                break
+            z = xw[:, :, t, :n]  # (2, 4, n, H)
+            h_rep = h[:, :n].unsqueeze(1).expand(2, 4, n, P).reshape(8, n, P)
+            if self.dtype is None:
+                z.view(8, n, H).baddbmm_(h_rep, w_rec)
+            else:
+                z.view(8, n, H).add_(self._mm(h_rep, w_rec))
+            i, j, f, o = z[:, 0].sigmoid_(), z[:, 1].tanh_(), z[:, 2].sigmoid_(), z[:, 3].sigmoid_()
+            c = c[:, :n].mul_(f).addcmul_(i, j)
             if self.cell_clip is not None:
                 c.clamp_(-self.cell_clip, self.cell_clip)
-            h = torch.bmm(torch.tanh(c).mul_(fo[..., H:]), w_proj)  # (2, B, P)
+            h = self._mm(torch.tanh(c).mul_(o), w_proj)  # (2, n, P)
             if self.proj_clip is not None:
                 h.clamp_(-self.proj_clip, self.proj_clip)
-            steps.append(h)
-        steps.append(torch.zeros_like(h))
-        return torch.stack(steps, dim=2)  # (2, B, T, P)
+            out[:, t, :n] = h
+        return out
