@@ -515,6 +515,9 @@ def cli_dump_embeddings(
     errors: str = typer.Option("strict", "--errors", help="strict: stop at invalid UTF-8 | replace: use U+FFFD."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's "
                                                                    "choice; 1 is faster on a busy machine)."),
+    compute_dtype: str = typer.Option("fp32", "--compute-dtype", help="fp32 (exact) | bf16: the LSTMs' matrix "
+                                                                      "products in bfloat16 (approximate; CPUs "
+                                                                      "with AVX512-BF16/AMX, GPUs)."),
 ) -> None:
     """Embed every line of INPUT into OUTPUT.hdf5 (allennlp `elmo` / bilm-tf layout), stateless by default.
 
@@ -556,6 +559,7 @@ def cli_dump_embeddings(
                 loaded, input, output, layers=select, batch_size=batch_size, dtype=dtype,
                 compression=compression, stateful=stateful, resume=resume, force=force,
                 sentence_index=not no_sentence_index, token_cache=token_cache, errors=errors, threads=threads,
+                compute_dtype=compute_dtype,
                 on_progress=on_progress, on_warning=lambda m: err_console.print(f"[yellow]warning:[/] {m}",
                                                                                 highlight=False))
         finally:

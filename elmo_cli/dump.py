@@ -22,7 +22,7 @@ import torch
 
 from elmo_cli import h5dump
 from elmo_cli.distributed import init_distributed
-from elmo_cli.embed import ENCODER_CHUNK, TokenEmbeddings, embed_batch, token_embeddings
+from elmo_cli.embed import ENCODER_CHUNK, TokenEmbeddings, compute_dtype_of, embed_batch, token_embeddings
 from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batches
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import LoadedModel, set_threads
@@ -80,11 +80,12 @@ class _Window:
     """Embeds and writes one window of lines at a time into the open partial file (this rank's share)."""
 
     def __init__(self, f: h5py.File, loaded: LoadedModel, tokens: TokenEmbeddings, select: LayerSelection,
-                 batch_size: int, dtype: str, compression: str, stateful: bool):
+                 batch_size: int, dtype: str, compression: str, stateful: bool, compute_dtype: str):
         self.f, self.model, self.device, self.tokens = f, loaded.model, loaded.device, tokens
         self.select, self.batch_size, self.dtype, self.compression = select, batch_size, dtype, compression
         self.stateful = stateful
-        self.lstm = None if stateful else BiLSTMKernel(self.model.forward_lstm, self.model.backward_lstm)
+        self.lstm = None if stateful else BiLSTMKernel(self.model.forward_lstm, self.model.backward_lstm,
+                                                       compute_dtype_of(compute_dtype))
         self.states: tuple | None = None
         self.lines = self.tokens_done = 0
 
@@ -123,7 +124,7 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
                     layers: LayerSelection | str = "all", batch_size: int = 64, dtype: str = "float32",
                     compression: str = "none", stateful: bool = False, resume: bool = False, force: bool = False,
                     sentence_index: bool = True, token_cache: Path | None = None, errors: str = "strict",
-                    window_batches: int = WINDOW_BATCHES, threads: int | None = None,
+                    window_batches: int = WINDOW_BATCHES, threads: int | None = None, compute_dtype: str = "fp32",
                     on_progress: Callable[[DumpProgress], None] | None = None,
                     on_warning: Callable[[str], None] | None = None) -> DumpResult:
     """Embed every line of a text file into one HDF5 file (see the module docstring).
@@ -132,11 +133,16 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     layers : a `LayerSelection` or its ``--layers`` spelling; ``all`` writes `(L+1, n, 2P)` per line.
     stateful : carry LSTM state from batch to batch in input order (the legacy bilm-tf/allennlp behaviour).
     threads : torch's CPU threads for this dump (default: torch's choice).
+    compute_dtype : ``fp32`` (exact, the default) or ``bf16``: the LSTMs' matrix products in bfloat16, states and
+        elementwise work in fp32 (approximate; stateless only).
     """
     output, input_path = Path(output), Path(input_path)
     select = layers if isinstance(layers, LayerSelection) else LayerSelection.parse(layers)
     _check_arguments(input_path, output, select, loaded.model.n_layers, batch_size, dtype, compression, force)
     set_threads(threads)
+    if stateful and compute_dtype != "fp32":
+        raise ElmoError("--compute-dtype bf16 applies to the stateless path; drop --stateful or --compute-dtype")
+    compute_dtype_of(compute_dtype)
     if stateful and on_warning:
         on_warning("--stateful: LSTM state is carried from batch to batch, so a sentence's vectors depend on the "
                    "lines before it and on --batch-size (the legacy bilm-tf/allennlp behaviour)")
@@ -152,6 +158,7 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
         "input_bytes": input_path.stat().st_size if str(input_path) != STDIN else None,
         **select.settings(), "dtype": dtype, "compression": compression, "stateful": stateful,
         "batch_size": batch_size if stateful else None, "model": model_fingerprint(loaded.model),
+        "compute_dtype": compute_dtype,
         "world_size": world,
     }
     total = count_lines(input_path)
@@ -159,7 +166,7 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     part = h5dump.partial_path(output, rank if world > 1 else None)
     f, completed = h5dump.open_partial(part, settings, resume)
     window = _Window(f, loaded, token_embeddings(loaded, token_cache), select, batch_size, dtype, compression,
-                     stateful)
+                     stateful, compute_dtype)
     window.lines = len(range(rank, completed, world))
 
     def report() -> None:

@@ -81,3 +81,25 @@ def test_scalar_mix_formula_and_masked_layer_norm():
     padded = layers.clone()
     padded[:, ~mask] = 1e6  # padding content must not change the unmasked outputs
     torch.testing.assert_close(ScalarMix(3, layer_norm=True)(padded, mask)[mask], normed[mask])
+
+
+def test_embedder_layer_selection_and_bf16_compute():
+    from elmo_cli import Embedder
+    from vocab.errors import ElmoError
+
+    files = dict(options_file=REFERENCE / "options.json", weight_file=REFERENCE / "weights.hdf5")
+    sents, want = _reference()
+    emb = Embedder(**files)
+    top = emb.embed_sentences(sents[:3], layers="top")
+    first_two = emb.embed_sentences(sents[:3], layers="1,2")
+    for k in range(3):
+        np.testing.assert_allclose(top[k], want[k][-1], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(first_two[k], want[k][1:], atol=1e-4, rtol=0)
+    with pytest.raises(ElmoError, match="layers 0..2"):
+        emb.embed_sentences(sents[:1], layers="3")
+    # bf16 products: approximate by design, close to the exact vectors but not equal to them.
+    got = Embedder(**files, compute_dtype="bf16").embed_sentences(sents)
+    diff = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+    assert 1e-6 < diff < 0.2
+    with pytest.raises(ElmoError, match="expected fp32 or bf16"):
+        Embedder(**files, compute_dtype="fp16")
