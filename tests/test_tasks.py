@@ -5,6 +5,7 @@ import pytest
 
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.formats import Example
+from elmo_cli.tasks.vectors import read_vectors
 from elmo_cli.tasks.metrics import (chunks, classification_metrics, detect_scheme, per_label_f1, span_f1,
                                     tagging_metrics)
 from vocab.errors import ElmoError
@@ -148,3 +149,15 @@ def test_token_metrics():
     assert t["accuracy"] == 0.5 and t["scheme"] is None and "span" not in t
     t = tagging_metrics([["B-X", "I-X"]], [["B-X", "I-X"]])
     assert t["span"]["f1"] == 1.0 and t["scheme"] == "BIO"
+
+
+# ---- word vectors ---------------------------------------------------------------------------------------------------
+def test_word_vectors_glove_and_word2vec(tmp_path):
+    glove = tmp_path / "g.txt"
+    glove.write_text("the 0.1 0.2\ncat 1 2\ndog 3 4\n")
+    dim, found = read_vectors(glove, {"cat", "zebra"})
+    assert dim == 2 and list(found) == ["cat"] and found["cat"].tolist() == [1.0, 2.0]
+    w2v = tmp_path / "w.txt"
+    w2v.write_text("2 3\ncat 1 2 3\ndog 4 5\n")
+    with pytest.raises(ElmoError, match="w.txt:3: 2 values, but the first vector has 3"):
+        read_vectors(w2v, {"cat"})

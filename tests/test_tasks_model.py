@@ -204,6 +204,15 @@ def test_compare_prints_every_arm(bilm_dir, data, tmp_path):
     assert set(r["arms"][3]["mix"]) == {"input", "output"} and r["arms"][1]["mix"]["input"]["layers"] == "top"
     assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["a-no-elmo", "b-elmo-top", "c-elmo-mix",
                                                                     "d-elmo-mix-output"]
+    code, out = invoke("evaluate", "--task", tmp_path / "cmp" / "d-elmo-mix-output", data["dev_tsv"], "--json")
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["accuracy"] == pytest.approx(r["arms"][3]["metric"])
+    (tmp_path / "in.txt").write_text("the cat likes a dog .\na bird finds the ball .\n")
+    code, out = invoke("predict", "--task", tmp_path / "cmp" / "c-elmo-mix", tmp_path / "in.txt", tmp_path / "o.tsv")
+    assert code == 0, out
+    rows = [line.split("\t") for line in (tmp_path / "o.tsv").read_text().splitlines()]
+    assert [r[1] for r in rows] == ["the cat likes a dog .", "a bird finds the ball ."]
+    assert {r[0] for r in rows} <= {"sees", "likes", "finds"}
     code, out = invoke("train", "--kind", "tagging", "--train", data["train"], "--dev", data["dev"], "--output",
                        tmp_path / "cmp2", "--model", bilm_dir, "--compare", "--test", data["dev"], "--epochs", "1",
                        "--hidden-dim", "8")

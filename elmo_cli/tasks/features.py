@@ -50,7 +50,7 @@ class LayerCache:
         self.memory: dict[Key, np.ndarray] = {}
         self.spilled: dict[Key, str] = {}
         self.bytes = 0
-        self.bilm_seconds = 0.0  # time spent inside the biLM (filling the cache)
+        self.bilm_seconds = self.bilm_cpu_seconds = 0.0  # wall and CPU time inside the biLM (filling the cache)
         self._spill, self._spill_path, self._spill_dir = None, None, spill_dir
         self._pre, self._pre_index = None, {}
         if precomputed is not None:
@@ -75,10 +75,11 @@ class LayerCache:
 
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
         """The biLM itself, no cache: one float32 `(L+1, n, 2P)` array per sentence (timed in `bilm_seconds`)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with torch.no_grad():
             out = self.embedder.embed_sentences(sentences, batch_size=self.batch_size)
         self.bilm_seconds += time.perf_counter() - t0
+        self.bilm_cpu_seconds += time.process_time() - c0
         return out
 
     def _put(self, key: Key, layers: np.ndarray) -> None:
@@ -197,17 +198,18 @@ class ElmoFeatures(nn.Module):
         n_layers = self.n_layers
         self.mix = ScalarMix(1 if layers == "top" else n_layers, layer_norm=layer_norm)
         self.dropout = nn.Dropout(dropout)
-        self.bilm_seconds = 0.0  # time inside the biLM when there is no cache
+        self.bilm_seconds = self.bilm_cpu_seconds = 0.0  # wall and CPU time inside the biLM when there is no cache
 
     def biLM_layers(self, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers `(L+1, B, T, 2P)` float32 and the mask `(B, T)`, from the cache or the biLM."""
         if self.cache is not None:
             arrays = [self.cache.get(s) for s in sentences]
         else:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with torch.no_grad():
                 arrays = self.embedder.embed_sentences([list(s) for s in sentences])
             self.bilm_seconds += time.perf_counter() - t0
+            self.bilm_cpu_seconds += time.process_time() - c0
         return pad_layers(arrays)
 
     def forward(self, sentences: list[list[str]], layers: torch.Tensor | None = None,

@@ -134,9 +134,9 @@ class TaskModel(nn.Module):
         lengths = mask.sum(1).cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         h, _ = pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=x.shape[1])  # (B, T, 2H)
-        if self.elmo_out is not None:
-            h = torch.cat([h, self.elmo_out(sentences, layers, lmask)[0]], dim=-1)  # (B, T, 2H + 2P)
         h = self.dropout(h)
+        if self.elmo_out is not None:  # ELMo' has its own dropout
+            h = torch.cat([h, self.elmo_out(sentences, layers, lmask)[0]], dim=-1)  # (B, T, 2H + 2P)
         if self.config.kind == "classification":
             h = h.masked_fill(~mask.unsqueeze(-1), float("-inf")).max(dim=1).values  # (B, 2H [+ 2P])
         return self.head(h), mask

@@ -183,12 +183,14 @@ def fit(model: TaskModel, s: TrainSettings, data: TaskData,
     fill = _fill_seconds(model, cache, data)
     best, best_state, history, start = None, None, [], time.perf_counter()
     for epoch in range(1, s.epochs + 1):
-        t0, bilm0 = time.perf_counter(), _bilm_seconds(model)
+        t0, cpu0, bilm0 = time.perf_counter(), time.process_time(), _bilm_seconds(model)
         loss = _train_epoch(model, opt, data.train, s.batch_size, rng, label_index)
-        seconds, bilm = time.perf_counter() - t0, _bilm_seconds(model) - bilm0
+        seconds, (bilm1, bilm_cpu1) = time.perf_counter() - t0, _bilm_seconds(model)
+        cpu = time.process_time() - cpu0  # CPU seconds of all threads: steadier than wall time on a shared machine
         t1 = time.perf_counter()
         dev = evaluate_examples(model, data.dev)
-        row = {"epoch": epoch, "train_loss": loss, "dev": dev, "seconds": seconds, "bilm_seconds": bilm,
+        row = {"epoch": epoch, "train_loss": loss, "dev": dev, "seconds": seconds, "cpu_seconds": cpu,
+               "bilm_seconds": bilm1 - bilm0[0], "bilm_cpu_seconds": bilm_cpu1 - bilm0[1],
                "dev_seconds": time.perf_counter() - t1}
         history.append(row)
         if best is None or primary(dev) > primary(best["dev"]):
@@ -199,25 +201,28 @@ def fit(model: TaskModel, s: TrainSettings, data: TaskData,
             break
     model.load_state_dict(best_state)
     return {"best_epoch": best["epoch"], "metric": primary_name(best["dev"]), "dev": best["dev"],
-            "history": history, "cache_fill_seconds": fill, "cached_sentences": len(cache) if cache else 0,
+            "history": history, "cache_fill_seconds": fill[0], "cache_fill_cpu_seconds": fill[1],
+            "cached_sentences": len(cache) if cache else 0,
             "seed": s.seed, "train": str(s.train_path), "dev_path": str(s.dev_path)}
 
 
-def _fill_seconds(model: TaskModel, cache: LayerCache | None, data: TaskData) -> float:
-    """Fill the layer cache with the train and dev sentences now (the biLM's one run); its seconds."""
+def _fill_seconds(model: TaskModel, cache: LayerCache | None, data: TaskData) -> tuple[float, float]:
+    """Fill the layer cache with the train and dev sentences now (the biLM's one run); its wall and CPU seconds."""
     if cache is None:
-        return 0.0
-    before = cache.bilm_seconds
+        return 0.0, 0.0
+    wall, cpu = cache.bilm_seconds, cache.bilm_cpu_seconds
     dev_pieces, _ = formats.split_long(data.dev, model.config.max_length)
     fill_cache(model, [ex.tokens for ex in data.train] + [ex.tokens for ex in dev_pieces])
-    return cache.bilm_seconds - before
+    return cache.bilm_seconds - wall, cache.bilm_cpu_seconds - cpu
 
 
-def _bilm_seconds(model: TaskModel) -> float:
+def _bilm_seconds(model: TaskModel) -> tuple[float, float]:
+    """Wall and CPU seconds spent in the biLM so far (by the cache, or by ElmoFeatures without one)."""
     elmo = model.elmo_in or model.elmo_out
     if elmo is None:
-        return 0.0
-    return elmo.cache.bilm_seconds if elmo.cache is not None else elmo.bilm_seconds
+        return 0.0, 0.0
+    timer = elmo.cache if elmo.cache is not None else elmo
+    return timer.bilm_seconds, timer.bilm_cpu_seconds
 
 
 def _train_epoch(model: TaskModel, opt: torch.optim.Optimizer, examples: list[formats.Example], batch_size: int,
