@@ -435,193 +435,230 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
         torch.set_num_threads(threads)
 
 
-def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None, resume: bool,
-           init_from: Path | None, reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
-    tc = config.training
-    ddp, device = init_distributed(resolve_device(tc.device))
-    autocast_dtype = torch.bfloat16 if tc.dtype == "bf16" else None
-    if autocast_dtype is not None and device.type == "cpu" and not torch.backends.mkldnn.is_available():
-        raise ElmoError("--dtype bf16 on CPU needs a torch build with oneDNN; use --dtype fp32")
-    dataset, vdataset = _open_data(data_dir, validation_dir)
-    if init_from is not None:  # fine-tuning keeps the trained network's shape
-        config = dataclasses.replace(config, model=model_architecture(Path(init_from)))
-    config = fit_to_data(config, dataset)
-    if ddp.main:
-        _check_run_dir(run_dir)
-    ckpt = _checkpoint_to_resume(run_dir, config, ddp.world_size) if resume else None
-    if ckpt is None and list_checkpoints(run_dir):
-        raise ElmoError(f"{run_dir}: already holds a run (checkpoints/); pass --resume to continue it or choose "
-                        f"another --output")
+class _Trainer:
+    """Everything one training run holds: data, model, optimizer, streams, RNGs, carried states, progress.
 
-    # Model, identical on every rank (DDP also broadcasts rank 0's parameters).
-    V, B, T = len(dataset.vocab), tc.batch_size, tc.unroll_steps
-    torch.manual_seed(tc.seed)
-    # DDP cannot all-reduce sparse gradients and Adam(W) cannot take them: then the softmax gradient is dense.
-    sparse = tc.sparse_softmax and not ddp.enabled and tc.optimizer == "adagrad"
-    model = BiLM(config.model, vocab_size=V, dropout=tc.dropout, sparse_softmax=sparse)
-    notes = init_from_model(model, Path(init_from), dataset.encoder, reset_softmax) \
-        if init_from is not None and ckpt is None else []
-    model.to(device)
-    loss_module = BiLMLoss(model)
-    wrapped: nn.Module = nn.parallel.DistributedDataParallel(
-        loss_module, device_ids=[device.index] if device.type == "cuda" else None) if ddp.enabled else loss_module
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, tc)
-    streams = SentenceStreams(dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B, seed=tc.seed)
-    per_epoch = steps_per_epoch(dataset.total_tokens, B, T, ddp.world_size)
-    total_steps = _total_steps(tc, per_epoch)
-    sampler = torch.Generator().manual_seed(tc.seed * 1_000_003 + ddp.rank + 1)
-    torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
-    states: tuple = (None, None)
-    run = _Progress()
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        data_state, states = restore_rank(ckpt["ranks"][ddp.rank], sampler, device, config.model.lstm.n_layers)
-        streams.load_state(data_state)
-        run = _Progress(int(ckpt["step"]), int(ckpt["tokens"]), float(ckpt["elapsed"]), ckpt.get("best"),
-                        int(ckpt.get("bad_validations", 0)))
-        if ddp.main:
-            _truncate_metrics(run_dir / METRICS_FILE, run.step)
-    resumed_from = run.step
-    metrics_path = run_dir / METRICS_FILE
+    Built once (`__init__`: fresh, fine-tuned or resumed); `step` is one optimizer step, `checkpoint` and
+    `validate` the run's two kinds of writes. `_train` drives it.
+    """
 
-    def log(record: dict) -> None:
-        if ddp.main:
-            with open(metrics_path, "a", encoding="utf-8") as f:
+    def __init__(self, config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None,
+                 resume: bool, init_from: Path | None, reset_softmax: bool):
+        tc = config.training
+        self.ddp, self.device = init_distributed(resolve_device(tc.device))
+        self.autocast = torch.bfloat16 if tc.dtype == "bf16" else None
+        if self.autocast is not None and self.device.type == "cpu" and not torch.backends.mkldnn.is_available():
+            raise ElmoError("--dtype bf16 on CPU needs a torch build with oneDNN; use --dtype fp32")
+        self.dataset, self.vdataset = _open_data(data_dir, validation_dir)
+        if init_from is not None:  # fine-tuning keeps the trained network's shape
+            config = dataclasses.replace(config, model=model_architecture(Path(init_from)))
+        self.config = config = fit_to_data(config, self.dataset)
+        self.tc, self.run_dir = tc, run_dir
+        if self.ddp.main:
+            _check_run_dir(run_dir)
+        ckpt = _checkpoint_to_resume(run_dir, config, self.ddp.world_size) if resume else None
+        if ckpt is None and list_checkpoints(run_dir):
+            raise ElmoError(f"{run_dir}: already holds a run (checkpoints/); pass --resume to continue it or "
+                            f"choose another --output")
+        self._build(init_from, reset_softmax)
+        self.progress = _Progress()
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.keep_best = self.vdataset is not None and tc.keep_best
+        self.baseline = None
+        if self.vdataset is not None and tc.baseline and self.ddp.main:
+            self.baseline = kn_baseline(run_dir, self.dataset, self.vdataset, tc.baseline_order)
+            if ckpt is None:
+                self.log({"kind": "baseline", "step": 0, **self.baseline})
+        if self.ddp.main and (ckpt is None or not self.keep_best):
+            self.write_model_dir()  # the run directory is a loadable model from the start
+        self.last_checkpoint: Path | None = latest_checkpoint(run_dir) if ckpt is not None else None
+        self.start = time.monotonic()
+
+    def _build(self, init_from: Path | None, reset_softmax: bool) -> None:
+        """Model, identical on every rank (DDP also broadcasts rank 0's parameters), optimizer, data streams."""
+        tc, ddp, B = self.tc, self.ddp, self.tc.batch_size
+        self.V = len(self.dataset.vocab)
+        torch.manual_seed(tc.seed)
+        # DDP cannot all-reduce sparse gradients and Adam(W) cannot take them: then the softmax gradient is dense.
+        sparse = tc.sparse_softmax and not ddp.enabled and tc.optimizer == "adagrad"
+        self.model = model = BiLM(self.config.model, vocab_size=self.V, dropout=tc.dropout, sparse_softmax=sparse)
+        self.notes = init_from_model(model, Path(init_from), self.dataset.encoder, reset_softmax) \
+            if init_from is not None and not list_checkpoints(self.run_dir) else []
+        model.to(self.device)
+        loss = BiLMLoss(model)
+        self.wrapped: nn.Module = nn.parallel.DistributedDataParallel(
+            loss, device_ids=[self.device.index] if self.device.type == "cuda" else None) if ddp.enabled else loss
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(self.params, tc)
+        self.streams = SentenceStreams(self.dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B,
+                                       seed=tc.seed)
+        self.per_epoch = steps_per_epoch(self.dataset.total_tokens, B, tc.unroll_steps, ddp.world_size)
+        self.total_steps = _total_steps(tc, self.per_epoch)
+        self.sampler = torch.Generator().manual_seed(tc.seed * 1_000_003 + ddp.rank + 1)
+        torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
+        self.states: tuple = (None, None)
+
+    def _restore(self, ckpt: dict) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        data_state, self.states = restore_rank(ckpt["ranks"][self.ddp.rank], self.sampler, self.device,
+                                               self.config.model.lstm.n_layers)
+        self.streams.load_state(data_state)
+        self.progress = _Progress(int(ckpt["step"]), int(ckpt["tokens"]), float(ckpt["elapsed"]), ckpt.get("best"),
+                                  int(ckpt.get("bad_validations", 0)))
+        if self.ddp.main:
+            _truncate_metrics(self.run_dir / METRICS_FILE, self.progress.step)
+
+    # ---- writes ---------------------------------------------------------------------------------------------------
+    def log(self, record: dict) -> None:
+        if self.ddp.main:
+            with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def write_model_dir() -> None:
-        save_model_dir(model, run_dir)
-        dataset.encoder.save_to(run_dir)
-        save_config(config, run_dir / CONFIG_FILE)
+    def write_model_dir(self) -> None:
+        save_model_dir(self.model, self.run_dir)
+        self.dataset.encoder.save_to(self.run_dir)
+        save_config(self.config, self.run_dir / CONFIG_FILE)
 
-    keep_best = vdataset is not None and tc.keep_best
-    start = time.monotonic()  # set again when the loop starts: the training clock
+    def elapsed(self) -> float:
+        """Training seconds of the whole run so far (resumed parts included)."""
+        return self.progress.elapsed_before + time.monotonic() - self.start
 
-    def checkpoint(elapsed: float) -> Path | None:
-        mine = rank_state(sampler, device, streams.state(), states)
-        gathered: list = [None] * ddp.world_size
-        if ddp.enabled:
+    def checkpoint(self) -> Path | None:
+        mine = rank_state(self.sampler, self.device, self.streams.state(), self.states)
+        gathered: list = [mine]
+        if self.ddp.enabled:
+            gathered = [None] * self.ddp.world_size
             dist.all_gather_object(gathered, mine)
-        else:
-            gathered = [mine]
-        if not ddp.main:
+        if not self.ddp.main:
             return None
-        if not keep_best:
-            write_model_dir()
-        payload = build_payload(json.dumps(config.to_dict()), model, optimizer, gathered, run.tokens, elapsed,
-                                run.best, run.bad_validations)
-        return save_checkpoint(run_dir, run.step, payload, keep=tc.keep_checkpoints)
+        if not self.keep_best:
+            self.write_model_dir()
+        run = self.progress
+        payload = build_payload(json.dumps(self.config.to_dict()), self.model, self.optimizer, gathered, run.tokens,
+                                self.elapsed(), run.best, run.bad_validations)
+        self.last_checkpoint = save_checkpoint(self.run_dir, run.step, payload, keep=self.tc.keep_checkpoints)
+        return self.last_checkpoint
 
-    baseline = None
-    if vdataset is not None and tc.baseline and ddp.main:
-        baseline = kn_baseline(run_dir, dataset, vdataset, tc.baseline_order)
-        if ckpt is None:
-            log({"kind": "baseline", "step": 0, **baseline})
-
-    def validate() -> dict | None:
+    def validate(self) -> dict | None:
         """Full-softmax validation (rank 0); the model files follow the best one. Returns the result."""
-        if vdataset is None or not ddp.main:
+        if self.vdataset is None or not self.ddp.main:
             return None
-        result = validation_perplexity(model, vdataset, max(B, 64), device)
+        run, baseline = self.progress, self.baseline
+        result = validation_perplexity(self.model, self.vdataset, max(self.tc.batch_size, 64), self.device)
         improved = _improved(run.best, result)
         if improved:
             run.best, run.bad_validations = {"step": run.step, **result}, 0
-            if keep_best:
-                write_model_dir()
+            if self.keep_best:
+                self.write_model_dir()
         else:
             run.bad_validations += 1
-        log({"kind": "validation", "step": run.step, "elapsed": round(run.elapsed_before + time.monotonic() - start, 2),
-             **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()},
-             "softmax": "full", "best": improved, **({"baseline": baseline["name"],
-                                                      "baseline_average_perplexity": round(
-                                                          baseline["average_perplexity"], 4)} if baseline else {})})
-        plot_runs([read_metrics(run_dir)], run_dir / CURVES_FILE)
+        reference = {"baseline": baseline["name"],
+                     "baseline_average_perplexity": round(baseline["average_perplexity"], 4)} if baseline else {}
+        self.log({"kind": "validation", "step": run.step, "elapsed": round(self.elapsed(), 2),
+                  **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()},
+                  "softmax": "full", "best": improved, **reference})
+        plot_runs([read_metrics(self.run_dir)], self.run_dir / CURVES_FILE)
         return result
 
-    if ddp.main and (ckpt is None or not keep_best):
-        write_model_dir()  # the run directory is a loadable model from the start
-    model.train()
-    last_ckpt_path: Path | None = latest_checkpoint(run_dir) if ckpt is not None else None
-    last_ckpt_step, last_ckpt_time, last_val_time = run.step, time.monotonic(), time.monotonic()
-    meter, validation, start = _Meter(), None, time.monotonic()
-    stopped = "finished" if run.step < total_steps else "max_steps"
-    lr = tc.lr
+    # ---- one step -----------------------------------------------------------------------------------------------
+    def step(self) -> tuple[float, float, float, int, float]:
+        """One optimizer step at the scheduled learning rate.
 
+        # Returns
+        forward and backward sampled losses, the gradient norm, the step's tokens (all processes) and the lr.
+        """
+        tc, run = self.tc, self.progress
+        fraction = max(run.step / self.total_steps, self.elapsed() / tc.max_time if tc.max_time else 0.0)
+        lr = tc.lr * lr_factor(fraction, tc)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch: LMBatch = self.streams.next_batch(tc.unroll_steps).to(self.device)
+        negatives, tries = [], []
+        for _ in range(2):
+            ids, n_tries = log_uniform_sample(tc.n_negative_samples, self.V, self.sampler)
+            negatives.append(ids.to(self.device))
+            tries.append(n_tries)
+        with _autocast(self.device, self.autocast):
+            f_loss, b_loss, new_states = self.wrapped(
+                batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, self.states,
+                tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None)
+            loss = (f_loss + b_loss) / 2
+        f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
+        _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = clip_grad_norm(self.params, tc.clip_norm)
+        _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
+        self.optimizer.step()
+        self.states = _detach(new_states)
+        tokens = batch.n_tokens * self.ddp.world_size
+        run.step += 1
+        run.tokens += tokens
+        return f_val, b_val, grad_norm, tokens, lr
+
+    def decide(self, stop: _StopFlag, last_ckpt: tuple[int, float], last_validation: float) -> tuple[bool, bool, bool]:
+        """Stop now, checkpoint by the clock, validate now: the same decisions on every process."""
+        tc, now = self.tc, time.monotonic()
+        stop_now = stop.signal is not None or bool(tc.max_time and self.elapsed() >= tc.max_time)
+        by_time = bool(tc.checkpoint_minutes and now - last_ckpt[1] >= 60 * tc.checkpoint_minutes)
+        validate = self.vdataset is not None and \
+            _validation_due(tc, self.progress.step, self.total_steps, now - last_validation)
+        if self.ddp.enabled:
+            flags = torch.tensor([float(stop_now), float(by_time), float(validate)], device=self.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            stop_now, by_time, validate = (bool(x) for x in flags.tolist())
+        return stop_now, by_time, validate
+
+
+def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None, resume: bool,
+           init_from: Path | None, reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
+    tr = _Trainer(config, data_dir, run_dir, validation_dir, resume, init_from, reset_softmax)
+    tc, run, total = tr.tc, tr.progress, tr.total_steps
+    resumed_from = run.step
+    tr.model.train()
+    last_ckpt, last_validation = (run.step, time.monotonic()), time.monotonic()
+    meter, validation = _Meter(), None
+    stopped = "finished" if run.step < total else "max_steps"
+    tr.start = time.monotonic()  # the training clock
     with _StopFlag() as stop:
-        while run.step < total_steps:
-            elapsed = time.monotonic() - start
-            progress = max(run.step / total_steps, (run.elapsed_before + elapsed) / tc.max_time if tc.max_time else 0)
-            lr = tc.lr * lr_factor(progress, tc)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch: LMBatch = streams.next_batch(T).to(device)
-            negatives, tries = [], []
-            for _ in range(2):
-                ids, n_tries = log_uniform_sample(tc.n_negative_samples, V, sampler)
-                negatives.append(ids.to(device))
-                tries.append(n_tries)
-            with _autocast(device, autocast_dtype):
-                f_loss, b_loss, new_states = wrapped(batch.fwd_chars, batch.bwd_chars, batch.fwd_targets,
-                                                     batch.bwd_targets, states, tuple(negatives), tuple(tries),
-                                                     batch.starts if tc.reset_state_per_sentence else None)
-                loss = (f_loss + b_loss) / 2
-            f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
-            _check_finite("training loss", (f_val + b_val) / 2, run.step, last_ckpt_path)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = clip_grad_norm(params, tc.clip_norm)
-            _check_finite("gradient norm", grad_norm, run.step, last_ckpt_path)
-            optimizer.step()
-            states = _detach(new_states)
-            run.step += 1
-            run.tokens += batch.n_tokens * ddp.world_size
-            meter.add(f_val, b_val, batch.n_tokens * ddp.world_size)
-            now = time.monotonic()
-            elapsed = now - start
-            stop_now = stop.signal is not None or bool(tc.max_time and run.elapsed_before + elapsed >= tc.max_time)
-            due_by_time = bool(tc.checkpoint_minutes and now - last_ckpt_time >= 60 * tc.checkpoint_minutes)
-            val_due = vdataset is not None and _validation_due(tc, run.step, total_steps, now - last_val_time)
-            if ddp.enabled:  # every process must take the same decisions: stop, checkpoint, validate
-                flags = torch.tensor([float(stop_now), float(due_by_time), float(val_due)], device=device)
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                stop_now, due_by_time, val_due = (bool(x) for x in flags.tolist())
+        while run.step < total:
+            f_val, b_val, grad_norm, tokens, lr = tr.step()
+            meter.add(f_val, b_val, tokens)
+            stop_now, ckpt_by_time, validate = tr.decide(stop, last_ckpt, last_validation)
             event, vresult = "", None
-            if run.step % tc.log_every == 0 or run.step == total_steps or stop_now:
-                log(meter.record(run.step, per_epoch, run.tokens, grad_norm, lr, run.elapsed_before + elapsed))
-            if val_due and run.step < total_steps and not stop_now:
-                vresult = validation = validate()
-                last_val_time, event = time.monotonic(), "validation"
-                if _agree(ddp, device, bool(tc.patience and run.bad_validations >= tc.patience)):
+            if run.step % tc.log_every == 0 or run.step == total or stop_now:
+                tr.log(meter.record(run.step, tr.per_epoch, run.tokens, grad_norm, lr, tr.elapsed()))
+            if validate and run.step < total and not stop_now:
+                vresult = validation = tr.validate()
+                last_validation, event = time.monotonic(), "validation"
+                if _agree(tr.ddp, tr.device, bool(tc.patience and run.bad_validations >= tc.patience)):
                     stopped, stop_now = "patience", True
-            due = bool(tc.checkpoint_every and run.step - last_ckpt_step >= tc.checkpoint_every) or due_by_time
-            if (due or stop_now) and run.step < total_steps:
-                last_ckpt_path = checkpoint(run.elapsed_before + elapsed)
-                last_ckpt_step, last_ckpt_time = run.step, time.monotonic()
-                event = event or "checkpoint"
-            if on_step is not None and ddp.main:
-                eta = (total_steps - run.step) * B * T * ddp.world_size / max(meter.rate, 1e-9)
+            due = bool(tc.checkpoint_every and run.step - last_ckpt[0] >= tc.checkpoint_every) or ckpt_by_time
+            if (due or stop_now) and run.step < total:
+                tr.checkpoint()
+                last_ckpt, event = (run.step, time.monotonic()), event or "checkpoint"
+            if on_step is not None and tr.ddp.main:
+                eta = (total - run.step) * tc.batch_size * tc.unroll_steps * tr.ddp.world_size / max(meter.rate, 1e-9)
                 if tc.max_time:
-                    eta = min(eta, max(0.0, tc.max_time - run.elapsed_before - elapsed))
-                on_step(StepInfo(run.step, total_steps, run.step / per_epoch, (f_val + b_val) / 2,
-                                 meter.rate, elapsed, eta, event, vresult, lr, baseline, run.best))
+                    eta = min(eta, max(0.0, tc.max_time - tr.elapsed()))
+                on_step(StepInfo(run.step, total, run.step / tr.per_epoch, (f_val + b_val) / 2, meter.rate,
+                                 time.monotonic() - tr.start, eta, event, vresult, lr, tr.baseline, run.best))
             if stop_now:
                 if stopped != "patience":
                     stopped = "signal" if stop.signal is not None else "max_time"
                 break
-
-    elapsed = time.monotonic() - start
-    if stopped in ("finished", "max_time") and run.step > resumed_from and vdataset is not None:
-        validation = validate()
-    if run.step > last_ckpt_step or last_ckpt_path is None:
-        last_ckpt_path = checkpoint(run.elapsed_before + elapsed)
-    if ddp.enabled:
+    if stopped in ("finished", "max_time") and run.step > resumed_from and tr.vdataset is not None:
+        validation = tr.validate()
+    if run.step > last_ckpt[0] or tr.last_checkpoint is None:
+        tr.checkpoint()
+    if tr.ddp.enabled:
         dist.barrier()
-    return TrainResult(run_dir=run_dir, step=run.step, total_steps=total_steps, stopped=stopped,
-                       train_loss=meter.last_mean, tokens_per_s=meter.rate, elapsed=elapsed,
-                       checkpoint=last_ckpt_path, validation=validation, resumed_from=resumed_from,
-                       world_size=ddp.world_size, notes=notes, baseline=baseline, best=run.best)
+    return TrainResult(run_dir=run_dir, step=run.step, total_steps=total, stopped=stopped,
+                       train_loss=meter.last_mean, tokens_per_s=meter.rate, elapsed=time.monotonic() - tr.start,
+                       checkpoint=tr.last_checkpoint, validation=validation, resumed_from=resumed_from,
+                       world_size=tr.ddp.world_size, notes=tr.notes, baseline=tr.baseline, best=run.best)
 
 
 def _agree(ddp, device: torch.device, flag: bool) -> bool:
