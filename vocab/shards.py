@@ -176,102 +176,15 @@ def write_shards(
     try:
         if STDIN in files:
             files = [_spool_stdin(tmp) if f == STDIN else f for f in files]
-
-        # Pass 1: count.
         counts = Counter(text_bytes=0, blank_lines=0)
-        n_sentences = n_tokens = 0
-        char_counts: Counter[str] = Counter()
-        for tokens in _sentences(files, encoder, errors, counts):
-            n_sentences += 1
-            n_tokens += len(tokens)
-            if chars == "codepoint":
-                char_counts.update("".join(t for t in tokens if t not in ("<S>", "</S>")))
-            if n_sentences % 50000 == 0:
-                progress("count", n_sentences, 0)
-        if n_sentences == 0:
-            raise ElmoError(f"{', '.join(files)}: corpus is empty ({counts['blank_lines']} blank lines, no tokens)")
-        if chars == "codepoint":
-            encoder.chars = CodepointChars.build(char_counts, max_chars_vocab, max_characters_per_token)
+        n_sentences, n_tokens = _count_pass(files, encoder, errors, counts, chars, max_chars_vocab,
+                                            max_characters_per_token, progress)
         n_shards = max(1, math.ceil(n_tokens / tokens_per_shard))
-
-        # Pass 2: spill each sentence to a random bucket.
-        rng = np.random.default_rng(seed)
-        buffers: list[list[bytes]] = [[] for _ in range(n_shards)]
-        buffered = 0
-        spill = [tmp / f"bucket-{k:05d}.txt" for k in range(n_shards)]
-        for p in spill:
-            p.touch()
-
-        def flush() -> None:
-            for k, buf in enumerate(buffers):
-                if buf:
-                    with open(spill[k], "ab") as f:
-                        f.writelines(buf)
-                    buf.clear()
-
-        block = np.empty(0, dtype=np.int64)
-        pos = 0
-        done = 0
-        for _, _, line in read_lines(files, errors):
-            if not line or line.isspace():
-                continue
-            if pos == len(block):
-                block, pos = rng.integers(0, n_shards, size=65536), 0
-            k = int(block[pos])
-            pos += 1
-            data = (line + "\n").encode("utf-8")
-            buffers[k].append(data)
-            buffered += len(data)
-            if buffered >= _SPILL_FLUSH_BYTES:
-                flush()
-                buffered = 0
-            done += 1
-            if done % 50000 == 0:
-                progress("spill", done, n_sentences)
-        flush()
-        if done < n_sentences:
-            raise ElmoError(f"{', '.join(files)}: corpus changed while it was being read ({n_sentences} then {done} lines)")
-
-        # Pass 3: shuffle and encode each bucket.
+        spill = _spill_pass(files, errors, n_shards, n_sentences, seed, tmp, progress)
         jobs = [(str(spill[k]), str(out / _shard_name(k)), seed, k) for k in range(n_shards)]
-        results = []
-        if workers == 1 or n_shards == 1:
-            for i, job in enumerate(jobs):
-                results.append(_encode_bucket(job, encoder))
-                progress("encode", i + 1, n_shards)
-        else:
-            # fork: workers need no re-import of __main__ and run numpy only (no torch, no OpenMP) after the fork.
-            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            ctx = multiprocessing.get_context(method)
-            with ctx.Pool(min(workers, n_shards), initializer=_init_worker, initargs=(encoder,)) as pool:
-                for i, r in enumerate(pool.imap(_encode_bucket_in_worker, jobs)):
-                    results.append(r)
-                    progress("encode", i + 1, n_shards)
-
+        results = _encode_pass(jobs, encoder, workers, progress)
         encoder.save_to(out)
-        shard_bytes = sum(r["bytes"] for r in results)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "vocab_sha256": encoder.vocab.sha256,
-            "vocab_size": len(encoder.vocab),
-            "tokenizer": encoder.tokenizer,
-            "chars": encoder.chars.mode,
-            "max_characters_per_token": encoder.chars.max_chars,
-            "n_characters": encoder.chars.n_characters,
-            "total_sentences": sum(r["sentences"] for r in results),
-            "total_tokens": sum(r["tokens"] for r in results),
-            "oov_tokens": sum(r["oov_tokens"] for r in results),
-            "blank_lines": counts["blank_lines"] + n_sentences - sum(r["sentences"] for r in results),
-            "text_bytes": counts["text_bytes"],
-            "shard_bytes": shard_bytes,
-            "bytes_per_token": round(shard_bytes / n_tokens, 4),
-            "seed": seed,
-            "tokens_per_shard": tokens_per_shard,
-            "sources": [os.path.basename(f) if f.startswith(str(tmp)) else f for f in files],
-            "shards": [{k: r[k] for k in ("path", "sentences", "tokens", "distinct_tokens", "sha256", "files")} for r in results],
-        }
-        if encoder.tokenizer == "whitespace":
-            assert (manifest["total_sentences"], manifest["total_tokens"]) == (n_sentences, n_tokens)
+        manifest = _manifest(encoder, results, counts, n_sentences, n_tokens, seed, tokens_per_shard, files, tmp)
         shutil.rmtree(tmp)
         atomic_write_bytes(out / MANIFEST, (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
         ok = True
@@ -288,9 +201,117 @@ def write_shards(
         blank_lines=manifest["blank_lines"],
         oov_tokens=manifest["oov_tokens"],
         shards=n_shards,
-        bytes=shard_bytes,
+        bytes=manifest["shard_bytes"],
         text_bytes=counts["text_bytes"],
     )
+
+
+def _count_pass(files: list[str], encoder: TextEncoder, errors: str, counts: Counter, chars: str,
+                max_chars_vocab: int, max_characters_per_token: int, progress) -> tuple[int, int]:
+    """Pass 1: sentences and tokens (and, for ``codepoint``, the character table, set on ``encoder``)."""
+    n_sentences = n_tokens = 0
+    char_counts: Counter[str] = Counter()
+    for tokens in _sentences(files, encoder, errors, counts):
+        n_sentences += 1
+        n_tokens += len(tokens)
+        if chars == "codepoint":
+            char_counts.update("".join(t for t in tokens if t not in ("<S>", "</S>")))
+        if n_sentences % 50000 == 0:
+            progress("count", n_sentences, 0)
+    if n_sentences == 0:
+        raise ElmoError(f"{', '.join(files)}: corpus is empty ({counts['blank_lines']} blank lines, no tokens)")
+    if chars == "codepoint":
+        encoder.chars = CodepointChars.build(char_counts, max_chars_vocab, max_characters_per_token)
+    return n_sentences, n_tokens
+
+
+def _spill_pass(files: list[str], errors: str, n_shards: int, n_sentences: int, seed: int, tmp: Path,
+                progress) -> list[Path]:
+    """Pass 2: each sentence to a seeded random bucket file (bounded buffers); returns the bucket paths."""
+    rng = np.random.default_rng(seed)
+    buffers: list[list[bytes]] = [[] for _ in range(n_shards)]
+    buffered = 0
+    spill = [tmp / f"bucket-{k:05d}.txt" for k in range(n_shards)]
+    for p in spill:
+        p.touch()
+
+    def flush() -> None:
+        for k, buf in enumerate(buffers):
+            if buf:
+                with open(spill[k], "ab") as f:
+                    f.writelines(buf)
+                buf.clear()
+
+    block = np.empty(0, dtype=np.int64)
+    pos = done = 0
+    for _, _, line in read_lines(files, errors):
+        if not line or line.isspace():
+            continue
+        if pos == len(block):
+            block, pos = rng.integers(0, n_shards, size=65536), 0
+        k = int(block[pos])
+        pos += 1
+        data = (line + "\n").encode("utf-8")
+        buffers[k].append(data)
+        buffered += len(data)
+        if buffered >= _SPILL_FLUSH_BYTES:
+            flush()
+            buffered = 0
+        done += 1
+        if done % 50000 == 0:
+            progress("spill", done, n_sentences)
+    flush()
+    if done < n_sentences:
+        raise ElmoError(f"{', '.join(files)}: corpus changed while it was being read ({n_sentences} then {done} lines)")
+    return spill
+
+
+def _encode_pass(jobs: list[tuple], encoder: TextEncoder, workers: int, progress) -> list[dict]:
+    """Pass 3: shuffle and encode each bucket into its shard, in ``workers`` processes (same output as one)."""
+    n_shards = len(jobs)
+    results = []
+    if workers == 1 or n_shards == 1:
+        for i, job in enumerate(jobs):
+            results.append(_encode_bucket(job, encoder))
+            progress("encode", i + 1, n_shards)
+        return results
+    # fork: workers need no re-import of __main__ and run numpy only (no torch, no OpenMP) after the fork.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    with ctx.Pool(min(workers, n_shards), initializer=_init_worker, initargs=(encoder,)) as pool:
+        for i, r in enumerate(pool.imap(_encode_bucket_in_worker, jobs)):
+            results.append(r)
+            progress("encode", i + 1, n_shards)
+    return results
+
+
+def _manifest(encoder: TextEncoder, results: list[dict], counts: Counter, n_sentences: int, n_tokens: int,
+              seed: int, tokens_per_shard: int, files: list[str], tmp: Path) -> dict:
+    shard_bytes = sum(r["bytes"] for r in results)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "vocab_sha256": encoder.vocab.sha256,
+        "vocab_size": len(encoder.vocab),
+        "tokenizer": encoder.tokenizer,
+        "chars": encoder.chars.mode,
+        "max_characters_per_token": encoder.chars.max_chars,
+        "n_characters": encoder.chars.n_characters,
+        "total_sentences": sum(r["sentences"] for r in results),
+        "total_tokens": sum(r["tokens"] for r in results),
+        "oov_tokens": sum(r["oov_tokens"] for r in results),
+        "blank_lines": counts["blank_lines"] + n_sentences - sum(r["sentences"] for r in results),
+        "text_bytes": counts["text_bytes"],
+        "shard_bytes": shard_bytes,
+        "bytes_per_token": round(shard_bytes / n_tokens, 4),
+        "seed": seed,
+        "tokens_per_shard": tokens_per_shard,
+        "sources": [os.path.basename(f) if f.startswith(str(tmp)) else f for f in files],
+        "shards": [{k: r[k] for k in ("path", "sentences", "tokens", "distinct_tokens", "sha256", "files")}
+                   for r in results],
+    }
+    if encoder.tokenizer == "whitespace":
+        assert (manifest["total_sentences"], manifest["total_tokens"]) == (n_sentences, n_tokens)
+    return manifest
 
 
 _worker_encoder: TextEncoder | None = None
