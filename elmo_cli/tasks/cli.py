@@ -52,21 +52,26 @@ def _warn(lines: list[str]) -> None:
         err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
 
 
+def _weights(m: dict) -> str:
+    """``{"weights": [0.46, 0.32, 0.22], "gamma": 0.5} -> ".46 .32 .22 γ=0.50"`` (the table's compact form)."""
+    return " ".join(f"{w:.2f}".lstrip("0") if w < 1 else "1" for w in m["weights"]) + f" γ={m['gamma']:.2f}"
+
+
 def _mix_text(mix: dict) -> str:
-    parts = [f"{where} [{', '.join(f'{w:.2f}' for w in m['weights'])}] γ={m['gamma']:.2f}"
-             for where, m in mix.items()]
-    return "; ".join(parts) or "-"
+    return "; ".join(f"{where} {_weights(m)}" for where, m in mix.items()) or "-"
 
 
 def _compare_table(result: dict) -> Table:
     table = Table(title=f"{result['metric']} on {result['evaluated_on']} (seed {result['seed']})")
-    for col in ("arm", result["metric"], "Δ abs (points)", "rel. error reduction", "mix weights (softmax), γ",
-                "best epoch"):
-        table.add_column(col)
+    for col in ("arm", result["metric"], "Δ points", "rel. error reduction", "input mix (softmax), γ",
+                "output mix, γ", "best epoch"):
+        table.add_column(col, justify="left" if "mix" in col or col == "arm" else "right")
     for row in result["arms"]:
-        rel = row["relative_error_reduction"]
+        rel, mix = row["relative_error_reduction"], row["mix"]
         table.add_row(f"({row['arm']}) {row['name']}", _pct(row["metric"]), f"{100 * row['absolute']:+.2f}",
-                      "-" if rel is None else f"{100 * rel:+.1f}%", _mix_text(row["mix"]), str(row["best_epoch"]))
+                      "-" if rel is None else f"{100 * rel:+.1f}%",
+                      _weights(mix["input"]) if "input" in mix else "-",
+                      _weights(mix["output"]) if "output" in mix else "-", str(row["best_epoch"]))
     return table
 
 
@@ -147,7 +152,9 @@ def cli_train(
             if json_out:
                 print(json.dumps(result))
             else:
-                console.print(_compare_table(result))
+                # the table needs about 110 columns; a pipe or file gets them instead of rich's default 80
+                wide = console if console.is_terminal else Console(width=120)
+                wide.print(_compare_table(result))
             return
         from elmo_cli.tasks.train import train_task
 

@@ -25,9 +25,9 @@ from vocab.errors import ElmoError
 
 ARMS = (
     ("a", "no-elmo", "no ELMo", "none", False),
-    ("b", "elmo-top", "ELMo, top layer", "top", False),
-    ("c", "elmo-mix", "ELMo, learned mix of all layers", "mix", False),
-    ("d", "elmo-mix-output", "ELMo mix at input and output", "mix", True),
+    ("b", "elmo-top", "ELMo top layer", "top", False),
+    ("c", "elmo-mix", "ELMo mix", "mix", False),
+    ("d", "elmo-mix-output", "ELMo mix in + out", "mix", True),
 )
 
 
