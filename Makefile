@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install demo test bench clean
+.PHONY: install demo demo-task test bench bench-quality clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,16 @@ demo: install
 
 bench: install
 	$(BIN)/python -m benchmarks.run
+
+# The `laptop` recipe for 2 hours on the Austen novels, held-out perplexity at 15/30/60/120 minutes beside
+# order-3 and order-5 Kneser-Ney (about 2 h 5 min; writes bench-out/quality/).
+bench-quality: install
+	$(BIN)/python -m benchmarks.bench_quality --minutes 120 --out bench-out/quality
+
+# ELMo in task models: the demo biLM (made by `make demo` if missing), then `task train --compare` on UD English
+# EWT: UPOS tagging and 5-way genre classification (see examples/demo_task.sh for its running time).
+demo-task: install
+	bash examples/demo_task.sh
 
 clean:
 	rm -rf $(VENV) demo-out bench-out

@@ -6,15 +6,14 @@ traceback.
 """
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from elmo_cli.layers import MODES_HELP
 from elmo_cli.presets import PRESETS_HELP
+from elmo_cli.console import console, err_console, user_errors as _user_errors
 from vocab.errors import ElmoError
 
 app = typer.Typer(
@@ -24,8 +23,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",  # help paragraphs are re-flowed: docstring line breaks are not kept
 )
-console = Console()
-err_console = Console(stderr=True)
 
 
 def _version(value: bool) -> None:
@@ -40,19 +37,6 @@ def _version(value: bool) -> None:
 def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """Train and use ELMo-style contextual word representations on your own corpus."""
-
-
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    """Print an ElmoError as one line on stderr and exit 1."""
-    try:
-        yield
-    except ElmoError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=1)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        raise typer.Exit(code=130)
 
 
 # ---- build-vocab, shard (issue: corpus preparation) ------------------------------------------------------------
@@ -169,18 +153,6 @@ def cli_shard(
 
 
 # ---- train (issue: the biLM) -----------------------------------------------------------------------------------
-def _parse_duration(text: str | None) -> float | None:
-    """``90`` / ``90s`` / ``5m`` / ``2h`` -> seconds."""
-    if text is None:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600}
-    t = text.strip().lower()
-    try:
-        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise ElmoError(f"--max-time {text!r}: expected seconds or a number with s, m or h (e.g. 90m)") from None
-
-
 def _clock(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
@@ -289,6 +261,7 @@ def cli_train(
         from elmo_cli import train as training
         from elmo_cli.distributed import is_main_process
         from elmo_cli.presets import load_config
+        from elmo_cli.train_config import parse_duration
 
         if reset_softmax and init_from is None:
             raise ElmoError("--reset-softmax only applies with --init-from MODEL_DIR")
@@ -296,7 +269,7 @@ def cli_train(
         cfg = load_config(config, preset) if fresh else training.resume_config(output)
         cfg = cfg.with_training(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
-            warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=_parse_duration(max_time),
+            warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
             n_negative_samples=n_negative_samples, dropout=dropout, seed=seed, device=device, dtype=dtype,
             threads=threads, checkpoint_every=checkpoint_every, validation_every=validation_every,
             patience=patience, baseline=False if no_baseline else None)
@@ -616,7 +589,7 @@ def cli_plot(
 
 
 # ---- task models (the `task` sub-app) --------------------------------------------------------------------------
-from elmo_cli.tasks.cli import task_app  # noqa: E402  (after `app` exists; it imports nothing of this module)
+from elmo_cli.tasks.cli import task_app  # noqa: E402
 
 app.add_typer(task_app, name="task")
 

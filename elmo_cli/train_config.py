@@ -130,6 +130,18 @@ class RunConfig:
         return dataclasses.replace(self, training=training)
 
 
+def parse_duration(text: str | None) -> float | None:
+    """A command line's time budget in seconds: ``"90" / "90s" -> 90.0``, ``"5m" -> 300.0``, ``"2h" -> 7200.0``."""
+    if text is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ElmoError(f"--max-time {text!r}: expected seconds or a number with s, m or h (e.g. 90m)") from None
+
+
 def _valid_keys_error(path: str, key: str, valid: list[str]) -> ElmoError:
     where = f"{path}.{key}" if path else key
     return ElmoError(f"unknown config key {where!r}; valid keys{' in ' + path if path else ''}: {', '.join(valid)}")

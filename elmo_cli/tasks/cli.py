@@ -5,34 +5,20 @@ Only parsing and printing live here; the work is in `train`, `compare` and `appl
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from elmo_cli.console import console, err_console, user_errors as _user_errors
 from vocab.errors import ElmoError
 
 task_app = typer.Typer(help="Task models on ELMo: tagging (CoNLL, CoNLL-U) and sentence classification (TSV).",
-                       no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-console = Console()
-err_console = Console(stderr=True)
-
-
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    """Print an ElmoError as one line on stderr and exit 1 (as elmo_cli.cli does)."""
-    try:
-        yield
-    except ElmoError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=1)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        raise typer.Exit(code=130)
+                       no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                       rich_markup_mode="markdown")
 
 
 def _pct(x: float | None) -> str:
@@ -91,7 +77,8 @@ def _metrics_table(m: dict, title: str) -> Table:
 
 
 def _settings(**kw):
-    from elmo_cli.tasks.train import TrainSettings, parse_duration
+    from elmo_cli.tasks.train import TrainSettings
+    from elmo_cli.train_config import parse_duration
 
     kw["max_time"] = parse_duration(kw["max_time"])
     return TrainSettings(**kw)
@@ -129,7 +116,10 @@ def cli_train(
     json_out: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N"),
 ) -> None:
-    """Train a tagger or sentence classifier on the frozen biLM's learned layer mix; keep the best dev epoch."""
+    """Train a tagger or sentence classifier on the frozen biLM's learned layer mix; keep the best dev epoch.
+
+    Example: `elmo-cli task train --kind tagging --train train.conllu --dev dev.conllu --model run/ --output upos/ --compare --test test.conllu`
+    """
     with _user_errors():
         if (model is not None or embeddings is not None) == no_elmo:
             raise ElmoError("give exactly one of --model ELMO_DIR (or --embeddings F.hdf5) and --no-elmo")
@@ -179,7 +169,10 @@ def cli_evaluate(
     json_out: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     device: str = typer.Option("cpu", "--device"),
 ) -> None:
-    """Tagging: token accuracy, macro-F1, conlleval span F1 (BIO/IOB1/BIOES); classification: accuracy, macro-F1."""
+    """Tagging: token accuracy, macro-F1, conlleval span F1 (BIO/IOB1/BIOES); classification: accuracy, macro-F1.
+
+    Example: `elmo-cli task evaluate --task upos/ test.conllu --json`
+    """
     with _user_errors():
         from elmo_cli.tasks.apply import evaluate_file
 
@@ -205,7 +198,10 @@ def cli_predict(
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = typer.Option("cpu", "--device"),
 ) -> None:
-    """Label every sentence of INPUT and write OUTPUT atomically."""
+    """Label every sentence of INPUT and write OUTPUT atomically.
+
+    Example: `elmo-cli task predict --task upos/ sentences.txt tagged.conll`
+    """
     with _user_errors():
         from elmo_cli.tasks.apply import predict_file
 

@@ -75,18 +75,6 @@ class TrainResult:
     warnings: list[str]
 
 
-def parse_duration(text: str | None) -> float | None:
-    """``"90" / "90s" -> 90.0``, ``"5m" -> 300.0``, ``"2h" -> 7200.0``."""
-    if text is None:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600}
-    t = text.strip().lower()
-    try:
-        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise ElmoError(f"--max-time {text!r}: use a number of seconds or 90s, 30m, 2h") from None
-
-
 def load_embedder(model_dir: Path | None, device: str = "cpu"):
     """The biLM as an `Embedder`, or None; a directory without weights is an ElmoError naming the file."""
     if model_dir is None:

@@ -1,0 +1,31 @@
+"""The two consoles every command prints to, and `user_errors`: how an `ElmoError` reaches the user.
+
+Each command body (in `elmo_cli.cli` and the `task` sub-app) runs inside ``with user_errors():``, which turns an
+`ElmoError` into ``error: <message>`` on stderr and exit code 1; any other exception is a bug and keeps its
+traceback.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import typer
+from rich.console import Console
+
+from vocab.errors import ElmoError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Print an ElmoError as one line on stderr and exit 1; Ctrl-C exits 130."""
+    try:
+        yield
+    except ElmoError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise typer.Exit(code=130)
