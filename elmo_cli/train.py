@@ -394,7 +394,7 @@ def _total_steps(tc: TrainingConfig, per_epoch: int) -> int:
 
 def _validation_due(tc: TrainingConfig, step: int, total_steps: int, seconds_since: float) -> bool:
     every = tc.validation_every or max(1, total_steps // 20)
-    minutes = tc.validation_minutes or (tc.max_time / 20 / 60 if tc.max_time else 15.0)
+    minutes = tc.validation_minutes or (max(tc.max_time / 20 / 60, 5.0) if tc.max_time else 15.0)
     return step % every == 0 or seconds_since >= 60 * minutes
 
 

@@ -61,7 +61,8 @@ class TrainingConfig:
     checkpoint_minutes: float = 30.0  # also checkpoint after this many minutes; 0 = off
     keep_checkpoints: int = 3
     # With a validation set: full-softmax validation every `validation_every` steps (0 = 20 times over the run's
-    # steps) and every `validation_minutes` of training (0 = a twentieth of max_time, else 15 minutes), and at the
+    # steps) and every `validation_minutes` of training (0 = a twentieth of max_time but at least 5 minutes, else 15
+    # minutes), and at the
     # end. The model files of the run directory are those of the best validation so far (`keep_best`); the
     # checkpoints keep the latest state. `patience` > 0 stops after that many validations without improvement.
     validation_every: int = 0

@@ -118,10 +118,30 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None
         time.sleep(0.05)
 
 
+def two_thread_config(**training):
+    """Two threads (the default on a 2-core machine) and a batch whose encoder gradient (2 x 32 x 8 tokens x P 64 =
+    32,768 floats) is large enough for torch's multithreaded CPU kernels: what made training non-reproducible."""
+    from elmo_cli.presets import build_config
+
+    model = {**TINY_MODEL, "lstm": {**TINY_MODEL["lstm"], "projection_dim": 64}}
+    base = {"batch_size": 32, "unroll_steps": 8, "n_negative_samples": 16, "log_every": 5, "checkpoint_minutes": 0,
+            "threads": 2, "device": "cpu"}
+    return build_config({**model, "training": {**base, **training}}, "tiny")
+
+
+def test_two_threads_are_bit_reproducible(shards, tmp_path):
+    _, train_dir, _ = shards
+    for name in ("a", "b"):
+        train(two_thread_config(max_steps=30, checkpoint_every=0), train_dir, tmp_path / name)
+    _assert_same_params(_params(tmp_path / "a"), _params(tmp_path / "b"))
+    assert (tmp_path / "a" / "softmax.hdf5").read_bytes() == (tmp_path / "b" / "softmax.hdf5").read_bytes()
+
+
 def test_sigkill_then_resume_equals_uninterrupted(shards, tmp_path):
     _, train_dir, _ = shards
-    config = _write_config(tmp_path / "config.json", checkpoint_every=10)
-    steps = "200"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(two_thread_config(checkpoint_every=10).to_dict()), encoding="utf-8")
+    steps = "80"
     killed = tmp_path / "killed"
     proc = _cli(["--data", str(train_dir), "--output", str(killed), "--config", str(config), "--max-steps", steps])
     _wait_for(lambda: len(list_checkpoints(killed)) >= 2, proc)
@@ -130,11 +150,12 @@ def test_sigkill_then_resume_equals_uninterrupted(shards, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     killed_at = load_checkpoint(latest_checkpoint(killed))["step"]
     assert killed_at < int(steps)
-    resumed = _cli(["--data", str(train_dir), "--output", str(killed), "--resume", "--max-steps", steps])
+    # The command that started the run, repeated as a scheduler would, plus --resume.
+    resumed = _cli(["--data", str(train_dir), "--output", str(killed), "--config", str(config), "--max-steps", steps,
+                    "--resume"])
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    cfg = tiny_config(checkpoint_every=10, max_steps=int(steps))
-    train(cfg, train_dir, tmp_path / "straight")
+    train(two_thread_config(checkpoint_every=10, max_steps=int(steps)), train_dir, tmp_path / "straight")
     _assert_same_params(_params(killed), _params(tmp_path / "straight"))
     steps_logged = [json.loads(l)["step"] for l in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps_logged == sorted(set(steps_logged))  # records after the checkpoint were not duplicated

@@ -113,4 +113,7 @@ class TokenEncoder(nn.Module):
             emb = torch.cat([self(part) for part in distinct.split(chunk_size)])
         else:
             emb = self(distinct)  # (U, P)
-        return emb[inverse].reshape(*lead, -1)
+        # F.embedding, not emb[inverse]: indexing's backward is index_put_(accumulate=True), whose CPU kernel adds
+        # repeated rows with unordered atomic float adds when threads > 1 (training then is not bit-reproducible);
+        # embedding's backward sums each row in a fixed order.
+        return F.embedding(inverse, emb).reshape(*lead, -1)
