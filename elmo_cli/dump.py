@@ -143,6 +143,9 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     if stateful and compute_dtype != "fp32":
         raise ElmoError("--compute-dtype bf16 applies to the stateless path; drop --stateful or --compute-dtype")
     compute_dtype_of(compute_dtype)
+    if compute_dtype == "bf16" and loaded.device.type == "cpu" and on_warning:
+        on_warning("--compute-dtype bf16 on the CPU: torch's CPU bf16 matrix products were measured 16x slower than "
+                   "fp32 on this project's development machine (README); it pays on GPUs")
     if stateful and on_warning:
         on_warning("--stateful: LSTM state is carried from batch to batch, so a sentence's vectors depend on the "
                    "lines before it and on --batch-size (the legacy bilm-tf/allennlp behaviour)")
