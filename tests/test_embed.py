@@ -115,6 +115,16 @@ def test_layers_dtype_and_mix(loaded, text_file, tmp_path):
         dump_embeddings(loaded, path, tmp_path / "bad.hdf5", layers=LayerSelection.parse(mix="0.5,0.5"))
 
 
+def _assert_cache_changes_nothing(loaded, path, cache, tmp_path) -> None:
+    """A dump with the token cache equals one without it."""
+    dump_embeddings(loaded, path, tmp_path / "plain.hdf5")
+    dump_embeddings(loaded, path, tmp_path / "cached.hdf5", token_cache=cache)
+    plain, _ = _read(tmp_path / "plain.hdf5")
+    cached, _ = _read(tmp_path / "cached.hdf5")
+    for k in plain:
+        np.testing.assert_allclose(cached[k], plain[k], atol=1e-6, rtol=0)
+
+
 def test_token_cache_gives_identical_output(loaded, text_file, tmp_path, reference_dir):
     path, lines = text_file
     words = sorted({w for line in lines for w in line.split()} - {"<S>", "</S>", "<UNK>"})
@@ -124,12 +134,7 @@ def test_token_cache_gives_identical_output(loaded, text_file, tmp_path, referen
     dump_token_embeddings(loaded, vocab, cache)
     with h5py.File(cache) as f:
         assert f["embedding"].shape == (3 + len(words) // 2, 64) and f["embedding"].dtype == np.float32
-    dump_embeddings(loaded, path, tmp_path / "plain.hdf5")
-    dump_embeddings(loaded, path, tmp_path / "cached.hdf5", token_cache=cache)
-    plain, _ = _read(tmp_path / "plain.hdf5")
-    cached, _ = _read(tmp_path / "cached.hdf5")
-    for k in plain:
-        np.testing.assert_allclose(cached[k], plain[k], atol=1e-6, rtol=0)
+    _assert_cache_changes_nothing(loaded, path, cache, tmp_path)
 
 
 def test_token_cache_from_any_word_list(loaded, text_file, tmp_path):
@@ -146,12 +151,7 @@ def test_token_cache_from_any_word_list(loaded, text_file, tmp_path):
         assert f["embedding"].shape == (len(words) + 2, 64)
         np.testing.assert_allclose(f["embedding"][-1], want[0], atol=1e-5, rtol=0)
         np.testing.assert_allclose(f["embedding"][-2], want[1], atol=1e-5, rtol=0)
-    dump_embeddings(loaded, path, tmp_path / "plain.hdf5")
-    dump_embeddings(loaded, path, tmp_path / "cached.hdf5", token_cache=cache)
-    plain, _ = _read(tmp_path / "plain.hdf5")
-    cached, _ = _read(tmp_path / "cached.hdf5")
-    for k in plain:
-        np.testing.assert_allclose(cached[k], plain[k], atol=1e-6, rtol=0)
+    _assert_cache_changes_nothing(loaded, path, cache, tmp_path)
     listed.write_text("cat\nthe dog\n", encoding="utf-8")
     with pytest.raises(ElmoError, match="words.txt:2: expected one word per line"):
         dump_token_embeddings(loaded, listed, tmp_path / "bad.hdf5")
