@@ -248,3 +248,25 @@ def test_bad_input_exits_1_with_one_line(bilm_dir, data, tmp_path, case):
                 "neither": "give exactly one of --model", "empty": "empty.conll: no sentences"}[case]
     assert expected in lines[0]
     assert not (tmp_path / "task").exists()  # nothing half-written
+
+
+def test_elmo_features_take_a_layer_selection(bilm_dir):
+    from elmo_cli.embed import Embedder
+    from elmo_cli.layers import LayerSelection
+    from elmo_cli.tasks import ElmoFeatures
+
+    emb = Embedder(bilm_dir)
+    sents = [["the", "cat", "sees", "a", "dog", "."], ["a", "bird"]]
+    layers, mask = ElmoFeatures(emb, dropout=0.0).biLM_layers(sents)
+    for spec, used in (("all", [0, 1]), ("top", [1]), ("0", [0]), (LayerSelection.parse("1"), [1])):
+        feats = ElmoFeatures(emb, layers=spec, dropout=0.0)
+        out, m = feats(sents)
+        assert out.shape == (2, 6, emb.dim) and torch.equal(m, mask)
+        want = layers[used].mean(0) * mask.unsqueeze(-1)  # ScalarMix starts as a plain average, gamma 1
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=0)
+        weights = feats.mix_summary()["weights"]
+        assert [k for k, w in enumerate(weights) if w > 0] == used
+    with pytest.raises(ElmoError, match="learns its own mix"):
+        ElmoFeatures(emb, layers="average")
+    with pytest.raises(ElmoError, match="layers 0..1"):
+        ElmoFeatures(emb, layers="2")

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from elmo_cli.layers import LayerSelection
 from elmo_cli.model.scalar_mix import ScalarMix
 from vocab.errors import ElmoError
 
@@ -178,25 +179,29 @@ class ElmoFeatures(nn.Module):
     embedder : `Embedder`, optional: the biLM (frozen: no gradient, dropout off). May be None with a `cache`
         that holds every sentence (a precomputed file).
     cache : `LayerCache`, optional: without one the biLM runs on every batch.
-    layers : `str`, optional, (default = `"all"`): ``all`` mixes the L+1 layers; ``top`` uses the top one only
-        (times a learned gamma).
+    layers : `LayerSelection | str`, optional, (default = `"all"`): ``all`` mixes the L+1 layers; ``top`` uses the
+        top one only (times a learned gamma); layer indices such as ``"1,2"`` mix those layers (0 = token layer).
     dropout : `float`, optional, (default = `0.5`): on the mixed representation, as the paper's taggers.
     layer_norm : `bool`, optional, (default = `False`): ScalarMix's layer normalisation.
     """
 
-    def __init__(self, embedder=None, cache: LayerCache | None = None, layers: str = "all", dropout: float = 0.5,
-                 layer_norm: bool = False):
+    def __init__(self, embedder=None, cache: LayerCache | None = None, layers: LayerSelection | str = "all",
+                 dropout: float = 0.5, layer_norm: bool = False):
         super().__init__()
-        if layers not in ("all", "top"):
-            raise ElmoError(f"ElmoFeatures layers={layers!r}: use all or top")
+        select = layers if isinstance(layers, LayerSelection) else LayerSelection.parse(str(layers))
+        if select.mode not in ("all", "top", "indices"):
+            raise ElmoError(f"ElmoFeatures layers={layers!r}: the task learns its own mix; use all, top or layer "
+                            f"indices such as 1,2")
         if embedder is None and cache is None:
             raise ElmoError("ElmoFeatures needs an embedder or a LayerCache")
         self.embedder = embedder  # a plain attribute, not a submodule: the biLM is never trained or saved here
         self.cache = cache
-        self.layers = layers
         self.n_layers, self.dim = cache.layer_shape if cache is not None else (embedder.n_layers, embedder.dim)
         n_layers = self.n_layers
-        self.mix = ScalarMix(1 if layers == "top" else n_layers, layer_norm=layer_norm)
+        select.check(n_layers)
+        self.layers = select.mode if select.mode != "indices" else ",".join(map(str, select.indices))
+        self.used = {"all": list(range(n_layers)), "top": [n_layers - 1]}.get(select.mode, list(select.indices))
+        self.mix = ScalarMix(len(self.used), layer_norm=layer_norm)
         self.dropout = nn.Dropout(dropout)
         self.bilm_seconds = self.bilm_cpu_seconds = 0.0  # wall and CPU time inside the biLM when there is no cache
 
@@ -227,15 +232,15 @@ class ElmoFeatures(nn.Module):
             layers, mask = self.biLM_layers(sentences)
         device = self.mix.weights.device
         layers, mask = layers.to(device), mask.to(device)
-        if self.layers == "top":
-            layers = layers[-1:]
+        if len(self.used) < self.n_layers:
+            layers = layers[self.used]
         mixed = self.mix(layers, mask)  # (B, T, 2P)
         return self.dropout(mixed) * mask.unsqueeze(-1), mask
 
     def mix_summary(self) -> dict:
         """The learned softmax-normalised weights over the L+1 layers (top only: 0, ..., 0, 1) and gamma."""
-        w = torch.softmax(self.mix.weights.detach(), 0).tolist()
-        if self.layers == "top":
-            w = [0.0] * (self.n_layers - 1) + [1.0]
+        w = [0.0] * self.n_layers
+        for k, x in zip(self.used, torch.softmax(self.mix.weights.detach(), 0).tolist()):
+            w[k] = x
         return {"layers": self.layers, "weights": [round(x, 4) for x in w],
                 "gamma": round(float(self.mix.gamma.detach()), 4)}
