@@ -31,7 +31,7 @@ from torch import nn
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
                                  restore_rank, save_checkpoint)
-from elmo_cli.data import IGNORE, LMBatch, SentenceStreams, steps_per_epoch
+from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
 from elmo_cli.distributed import init_distributed
 from elmo_cli.evaluate import evaluate
 from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
@@ -44,7 +44,6 @@ from elmo_cli.train_config import RunConfig, TrainingConfig, save_config
 from vocab.errors import ElmoError
 from vocab.text import atomic_write_bytes, read_json
 from vocab.shards import ShardDataset
-from vocab.tokenize import TextEncoder
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

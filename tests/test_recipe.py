@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 

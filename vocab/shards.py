@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from vocab.chars import CHAR_DTYPE, MAX_CHARS, CodepointChars, save_chars
+from vocab.chars import CHAR_DTYPE, MAX_CHARS, CodepointChars
 from vocab.errors import ElmoError
 from vocab.text import STDIN, atomic_write_bytes, expand_paths, read_json, read_lines
 from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE, TextEncoder
