@@ -70,7 +70,7 @@ _TINY = RunConfig(
 _LAPTOP = RunConfig(
     model=_TINY.model,
     training=TrainingConfig(batch_size=32, unroll_steps=20, optimizer="adam", lr=4e-3, lr_schedule="cosine",
-                            warmup=0.03, n_negative_samples=1024, dropout=0.1, epochs=40.0, max_time=3600.0,
+                            warmup=0.03, n_negative_samples=1024, dropout=0.3, epochs=40.0, max_time=3600.0,
                             validation_minutes=10.0, checkpoint_every=1000),
 )
 

@@ -270,3 +270,18 @@ def test_elmo_features_take_a_layer_selection(bilm_dir):
         ElmoFeatures(emb, layers="average")
     with pytest.raises(ElmoError, match="layers 0..1"):
         ElmoFeatures(emb, layers="2")
+
+
+def test_train_layers_flag_takes_layer_indices(bilm_dir, data, tmp_path):
+    task = tmp_path / "t"
+    code, out = invoke("train", "--kind", "classification", "--train", data["train_tsv"], "--dev", data["dev_tsv"],
+                       "--output", task, "--model", bilm_dir, "--layers", "1", "--epochs", "1", "--hidden-dim", "8")
+    assert code == 0, out
+    mix = json.loads((task / "mix.json").read_text())["input"]
+    assert mix["layers"] == "1" and mix["weights"] == [0.0, 1.0]  # one mixed layer: the token layer gets nothing
+    assert json.loads((task / "config.json").read_text())["elmo_layers"] == "1"
+    code, out = invoke("evaluate", "--task", task, data["dev_tsv"], "--json")  # reloads with the same layers
+    assert code == 0, out
+    code, out = invoke("train", "--kind", "classification", "--train", data["train_tsv"], "--dev", data["dev_tsv"],
+                       "--output", tmp_path / "u", "--model", bilm_dir, "--layers", "average")
+    assert code == 1 and "--layers 'average'" in out and "learns its own mix" in out

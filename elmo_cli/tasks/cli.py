@@ -76,6 +76,20 @@ def _metrics_table(m: dict, title: str) -> Table:
     return table
 
 
+def _input_layers(layers: str) -> tuple[str, str]:
+    """``--layers`` -> (arm, mixed layers): all -> (mix, all), top -> (top, all), "1,2" -> (mix, "1,2")."""
+    from elmo_cli.layers import LayerSelection
+
+    select = LayerSelection.parse(layers)
+    if select.mode == "top":
+        return "top", "all"
+    if select.mode == "indices":
+        return "mix", ",".join(map(str, select.indices))
+    if select.mode != "all":
+        raise ElmoError(f"--layers {layers!r}: the task learns its own mix; use all, top or layer indices such as 1,2")
+    return "mix", "all"
+
+
 def _settings(**kw):
     from elmo_cli.tasks.train import TrainSettings
     from elmo_cli.train_config import parse_duration
@@ -104,7 +118,8 @@ def cli_train(
     label_column: str = typer.Option("upos", "--label-column", help="CoNLL-U column: upos, xpos, deprel, ..."),
     format: str = typer.Option("auto", "--format", help="auto | conll | conllu | tsv"),
     max_length: int = typer.Option(200, "--max-length", help="Longer sentences are split into pieces."),
-    layers: str = typer.Option("all", "--layers", help="ELMo at the input: all (learned mix) or top."),
+    layers: str = typer.Option("all", "--layers", help="ELMo at the input: all (learned mix of every layer), top, "
+                                                        "or layer indices to mix such as 1,2 (0 = token layer)."),
     elmo_output: bool = typer.Option(False, "--elmo-output", help="Also ELMo at the BiLSTM output [h_k; ELMo_k]."),
     layer_norm: bool = typer.Option(False, "--layer-norm", help="ScalarMix layer normalisation."),
     embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="dump-embeddings --layers all file."),
@@ -123,10 +138,9 @@ def cli_train(
     with _user_errors():
         if (model is not None or embeddings is not None) == no_elmo:
             raise ElmoError("give exactly one of --model ELMO_DIR (or --embeddings F.hdf5) and --no-elmo")
-        if layers not in ("all", "top"):
-            raise ElmoError(f"--layers {layers!r}: use all or top")
+        elmo, elmo_layers = _input_layers(layers)
         s = _settings(kind=kind, train_path=train, dev_path=dev, output=output, model_dir=model,
-                      embeddings=embeddings, elmo="none" if no_elmo else {"all": "mix", "top": "top"}[layers],
+                      embeddings=embeddings, elmo="none" if no_elmo else elmo, elmo_layers=elmo_layers,
                       elmo_output=elmo_output and not no_elmo, layer_norm=layer_norm, epochs=epochs,
                       max_time=max_time, batch_size=batch_size, lr=lr, seed=seed, word_vectors=word_vectors,
                       min_count=min_count, hidden_dim=hidden_dim, word_dim=word_dim, label_column=label_column, fmt=format,

@@ -39,6 +39,7 @@ class TaskConfig:
     word_dim: int = 100  # 100 = the GloVe 6B/100d size; a --word-vectors file sets it
     hidden_dim: int = 128  # H per direction
     elmo: str = "mix"  # none | top | mix: ELMo at the input
+    elmo_layers: str = "all"  # the layers a mix uses: all, or biLM layer indices such as "1,2" (0 = token layer)
     elmo_output: bool = False  # a second mix at the BiLSTM's output (the paper's [h_k; ELMo_k])
     layer_norm: bool = False
     elmo_dropout: float = 0.5  # the paper's taggers

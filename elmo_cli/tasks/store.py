@@ -97,7 +97,7 @@ def build_elmo(config: TaskConfig, embedder, cache: LayerCache | None
     if config.uses_elmo and embedder is None and cache is None:
         raise ElmoError("this task model uses ELMo: give the biLM (--model) or --embeddings")
     kw = {"dropout": config.elmo_dropout, "layer_norm": config.layer_norm}
-    layers = "top" if config.elmo == "top" else "all"
+    layers = "top" if config.elmo == "top" else config.elmo_layers
     elmo_in = ElmoFeatures(embedder, cache, layers, **kw) if config.elmo != "none" else None
     elmo_out = ElmoFeatures(embedder, cache, "all", **kw) if config.elmo_output else None
     return elmo_in, elmo_out

@@ -40,6 +40,7 @@ class TrainSettings:
     model_dir: Path | None = None  # the biLM; None = no ELMo (unless `embeddings` holds every sentence)
     embeddings: Path | None = None  # a dump-embeddings --layers all file read before running the biLM
     elmo: str = "mix"  # none | top | mix
+    elmo_layers: str = "all"  # the layers the input mix uses: all or indices such as "1,2"
     elmo_output: bool = False
     layer_norm: bool = False
     epochs: int = 10
@@ -109,7 +110,8 @@ def _labels(examples: list[formats.Example]) -> set[str]:
 def task_config(s: TrainSettings, data: TaskData, tokenizer: str) -> TaskConfig:
     words, counts = build_words([ex.tokens for ex in data.train], s.min_count)
     return TaskConfig(kind=s.kind, labels=data.labels, words=words, word_counts=counts, word_dim=s.word_dim,
-                      hidden_dim=s.hidden_dim, elmo=s.elmo, elmo_output=s.elmo_output, layer_norm=s.layer_norm,
+                      hidden_dim=s.hidden_dim, elmo=s.elmo, elmo_layers=s.elmo_layers,
+                      elmo_output=s.elmo_output, layer_norm=s.layer_norm,
                       label_column=s.label_column, max_length=s.max_length, tokenizer=tokenizer,
                       elmo_model=str(Path(s.model_dir).resolve()) if s.model_dir else None)
 
