@@ -22,7 +22,8 @@ import torch
 
 from elmo_cli import h5dump
 from elmo_cli.distributed import init_distributed
-from elmo_cli.embed import ENCODER_CHUNK, TokenEmbeddings, compute_dtype_of, embed_batch, token_embeddings
+from elmo_cli.embed import (ENCODER_CHUNK, TokenEmbeddings, bf16_problem, compute_dtype_of, cpu_has_bf16, embed_batch,
+                            token_embeddings)
 from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batches
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import LoadedModel, set_threads
@@ -143,9 +144,13 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     if stateful and compute_dtype != "fp32":
         raise ElmoError("--compute-dtype bf16 applies to the stateless path; drop --stateful or --compute-dtype")
     compute_dtype_of(compute_dtype)
-    if compute_dtype == "bf16" and loaded.device.type == "cpu" and on_warning:
-        on_warning("--compute-dtype bf16 on the CPU: torch's CPU bf16 matrix products were measured 16x slower than "
-                   "fp32 on this project's development machine (README); it pays on GPUs")
+    if compute_dtype == "bf16":
+        problem = bf16_problem(loaded.device)
+        if problem:
+            raise ElmoError(f"--compute-dtype bf16: {problem}; use fp32 (the exact default)")
+        if loaded.device.type == "cpu" and cpu_has_bf16() is None and on_warning:
+            on_warning("--compute-dtype bf16: cannot tell whether this CPU multiplies bf16 natively (AVX512-BF16 or "
+                       "AMX); where it does not, bf16 is slower than fp32")
     if stateful and on_warning:
         on_warning("--stateful: LSTM state is carried from batch to batch, so a sentence's vectors depend on the "
                    "lines before it and on --batch-size (the legacy bilm-tf/allennlp behaviour)")

@@ -2,9 +2,11 @@
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import h5py
+
 import numpy as np
 import pytest
 import torch
@@ -98,8 +100,38 @@ def test_embedder_layer_selection_and_bf16_compute():
     with pytest.raises(ElmoError, match="layers 0..2"):
         emb.embed_sentences(sents[:1], layers="3")
     # bf16 products: approximate by design, close to the exact vectors but not equal to them.
-    got = Embedder(**files, compute_dtype="bf16").embed_sentences(sents)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on a CPU without bf16 instructions Embedder warns that it is slow
+        got = Embedder(**files, compute_dtype="bf16").embed_sentences(sents)
     diff = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
     assert 1e-6 < diff < 0.2
     with pytest.raises(ElmoError, match="expected fp32 or bf16"):
         Embedder(**files, compute_dtype="fp16")
+
+
+def test_cpu_bf16_detection_reads_the_flags_line():
+    from elmo_cli.embed import cpu_has_bf16
+
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\nbogomips\t: 4890\n"
+    assert cpu_has_bf16(zen3) is False
+    assert cpu_has_bf16(zen3.replace("avx2", "avx2 avx512f avx512_bf16")) is True
+    assert cpu_has_bf16(zen3.replace("avx2", "avx2 amx_bf16 amx_tile")) is True
+    assert cpu_has_bf16("Processor\t: ARMv8\n") is None  # no flags line: unknown
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from elmo_cli import Embedder, embed
+    from elmo_cli.cli import app
+
+    monkeypatch.setattr(embed, "cpu_has_bf16", lambda cpuinfo=None: False)
+    files = dict(options_file=REFERENCE / "options.json", weight_file=REFERENCE / "weights.hdf5")
+    with pytest.warns(UserWarning, match="no bf16 matrix instructions"):
+        Embedder(**files, compute_dtype="bf16")
+    out = tmp_path / "out.hdf5"
+    r = CliRunner().invoke(app, ["dump-embeddings", str(REFERENCE / "sentences.txt"), str(out), "--options",
+                                 str(files["options_file"]), "--weights", str(files["weight_file"]),
+                                 "--compute-dtype", "bf16"])
+    assert r.exit_code == 1 and "no bf16 matrix instructions" in r.output and "use fp32" in r.output
+    assert not out.exists() and not list(tmp_path.iterdir())
