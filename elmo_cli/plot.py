@@ -94,6 +94,11 @@ def plot_runs(runs: list[RunMetrics], output: str | Path) -> Path:
                 yscale="log")
     rate_ax.set(title="training speed", xlabel="step", ylabel="tokens / s")
     rate_ax.set_ylim(bottom=0)
+    from matplotlib.ticker import LogFormatter, ScalarFormatter
+
+    for ax in (ppl_ax, time_ax):  # perplexities as plain numbers (60, 70, 80), not 6x10^1
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
