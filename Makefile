@@ -28,7 +28,7 @@ bench: install
 	$(BIN)/python -m benchmarks.run
 
 # The `laptop` recipe for 2 hours on the Austen novels, held-out perplexity at 15/30/60/120 minutes beside
-# order-3 and order-5 Kneser-Ney (about 2 h 5 min; writes bench-out/quality/).
+# order-3 and order-5 Kneser-Ney (2 h 1 min on 2 quiet cores; writes bench-out/quality/).
 bench-quality: install
 	$(BIN)/python -m benchmarks.bench_quality --minutes 120 --out bench-out/quality
 

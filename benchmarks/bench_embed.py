@@ -6,11 +6,15 @@ order, the character CNN as one ``nn.Conv1d`` per filter bank on every running t
 time step at a time with ``[x_t ; h_{t-1}] @ W_0`` (no input product hoisted out of the loop). Both write the same
 HDF5 layout; their outputs are checked equal (allclose) before any figure is printed.
 
-    python -m benchmarks.run embed        (or: python -m benchmarks.bench_embed [small original])
+Then the memory of a dump: peak RSS of `elmo-cli dump-embeddings` (a fresh process each, the `tiny` shape) on the
+first 3,200 lines of the Austen corpus and on the first 32,000 (ten times the input, with new words).
+
+    python -m benchmarks.run embed        (or: python -m benchmarks.bench_embed [small original] [memory])
 """
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmo_cli.presets import PRESETS
+from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
+from elmo_cli.presets import PRESETS
 from elmo_cli.loading import LoadedModel
 from elmo_cli.model.bilm import BiLM, reverse_padded, to_model_chars
 from vocab.chars import ByteChars
@@ -160,8 +165,44 @@ def recurrent_step_rate(batch: int = BATCH, proj: int = 512, dim: int = 4096, re
     return 2 * batch * proj * 4 * dim * repeats / (time.perf_counter() - t) / 1e9
 
 
+CORPUS_CANDIDATES = [ROOT.parent / "shared" / "corpora" / "en_austen_tok.txt", ROOT / "examples" / "austen_train.txt"]
+
+
+def peak_rss_mb(args: list[str]) -> tuple[float, float]:
+    """Run `elmo-cli ARGS` in a fresh process; its wall seconds and peak RSS in MB (ru_maxrss of that child)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", "from elmo_cli.cli import app; app()", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"elmo-cli {' '.join(args)} failed: {proc.stderr.read().decode()[-500:]}")
+    return time.perf_counter() - t, usage.ru_maxrss / 1024
+
+
+def dump_memory(tmp: Path, lines: int = 3_200, scale: int = 10) -> dict:
+    """Peak RSS of a dump of `lines` corpus lines and of `scale` times as many (fp16, layers average)."""
+    corpus = next(p for p in CORPUS_CANDIDATES if p.is_file())
+    text = [l for l in corpus.read_text("utf-8").splitlines() if l.strip()]
+    scale = min(scale, len(text) // lines)
+    torch.manual_seed(0)
+    save_model_dir(BiLM(PRESETS["tiny"].config.model).eval(), tmp / "model")
+    result = {"corpus": corpus.name, "scale": scale}
+    for k, n in (("1x", lines), (f"{scale}x", lines * scale)):
+        src = tmp / f"mem_{k}.txt"
+        src.write_text("\n".join(text[:n]) + "\n", encoding="utf-8")
+        wall, rss = peak_rss_mb(["dump-embeddings", str(src), str(tmp / f"mem_{k}.hdf5"), "--options",
+                                 str(tmp / "model" / "options.json"), "--weights", str(tmp / "model" / "weights.hdf5"),
+                                 "--layers", "average", "--dtype", "float16"])
+        result[k] = {"lines": n, "tokens": sum(len(l.split()) for l in text[:n]), "seconds": wall, "peak_rss_mb": rss,
+                     "file_mb": (tmp / f"mem_{k}.hdf5").stat().st_size / 1e6}
+        (tmp / f"mem_{k}.hdf5").unlink()
+    return result
+
+
 def main(configs: list[str] | None = None) -> None:
-    configs = configs or ["small", "original"]
+    configs = configs or ["small", "original", "memory"]
+    memory = "memory" in configs
+    configs = [c for c in configs if c != "memory"]
     sentences = load_sentences()
     n_tokens = sum(len(s) for s in sentences)
     print(f"{len(sentences)} sentences, {n_tokens} tokens (mean {n_tokens / len(sentences):.1f}), batch {BATCH}, "
@@ -180,9 +221,16 @@ def main(configs: list[str] | None = None) -> None:
             b = r["bytes_per_token"]
             print(f"{'':>9}  file size per token (layers=all): " + ", ".join(f"{k} {v:,.0f} B" for k, v in b.items()),
                   flush=True)
-    rate = recurrent_step_rate()
-    print(f"recurrent step product (64 x 512) @ (512 x 16384), in place: {rate:.0f} GFLOP/s "
-          f"(the per-step floor of every fp32 implementation, baseline included)", flush=True)
+        if memory:
+            m = dump_memory(tmp)
+            one, big = m["1x"], m[f"{m['scale']}x"]
+            print(f"   memory: dump-embeddings peak RSS {one['peak_rss_mb']:,.0f} MB on {one['tokens']:,} tokens vs "
+                  f"{big['peak_rss_mb']:,.0f} MB on {big['tokens']:,} ({m['scale']}x the input, {big['file_mb']:,.0f} MB "
+                  f"written): {big['peak_rss_mb'] / one['peak_rss_mb']:.2f}x (tiny shape, {m['corpus']})", flush=True)
+    if configs:
+        rate = recurrent_step_rate()
+        print(f"recurrent step product (64 x 512) @ (512 x 16384), in place: {rate:.0f} GFLOP/s "
+              f"(the per-step floor of every fp32 implementation, baseline included)", flush=True)
 
 
 if __name__ == "__main__":

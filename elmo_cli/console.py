@@ -14,8 +14,17 @@ from rich.console import Console
 
 from vocab.errors import ElmoError
 
-console = Console()
-err_console = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console; one that writes to a file or pipe (nohup, slurm, a CI log) never wraps a printed line."""
+    c = Console(stderr=stderr)
+    c.soft_wrap = not c.is_terminal
+    return c
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 @contextlib.contextmanager

@@ -101,9 +101,10 @@ class _Window:
     def write(self, items: list[tuple[int, list[str]]], end: int, report: Callable[[], None]) -> None:
         """Embed and write ``items`` (line index, tokens), then record lines < end as complete."""
         L1, D = self.model.n_layers, self.model.config.output_dim
-        datasets = {i: h5dump.create_line_dataset(self.f, i, self.select.shape(L1, len(toks), D), self.dtype,
-                                                  self.compression)
-                    for i, toks in items}  # created in line order, so the file lists them in input order
+        # Created in line order, so the file lists them in input order, and closed at once: an open HDF5 dataset
+        # keeps its own buffers (a window's worth of open datasets cost more memory than the model itself).
+        for i, toks in items:
+            h5dump.create_line_dataset(self.f, i, self.select.shape(L1, len(toks), D), self.dtype, self.compression)
         for batch in self.batches(items):
             if self.stateful:
                 self.states = zero_states((self.model.forward_lstm, self.model.backward_lstm), len(batch),
@@ -114,7 +115,7 @@ class _Window:
                 self.states = new_states
             for b, k in enumerate(batch):
                 if n[b]:
-                    datasets[items[k][0]][...] = self.select.reduce(out[:, b, 1 : n[b] + 1])
+                    self.f[str(items[k][0])][...] = self.select.reduce(out[:, b, 1 : n[b] + 1])
             self.lines += len(batch)
             self.tokens_done += sum(n)
             report()

@@ -139,13 +139,25 @@ class Inputs:
                 index += 1
 
 
-def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Positions grouped into batches of similar length, longest first.
+TOKENS_PER_ROW = 64  # a batch holds at most batch_size * 64 padded tokens: long sentences come fewer per batch
+
+
+def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Positions grouped into batches of similar length, longest first: at most `batch_size` rows, and at most
+    `max_tokens` padded tokens (rows x (longest + 2), at least one row; default ``batch_size * TOKENS_PER_ROW``), so
+    a batch of very long sentences costs no more memory than a full batch of ordinary ones.
 
     ``length_sorted_batches([3, 9, 1, 8], 2) -> [[1, 3], [0, 2]]``
     """
+    max_tokens = batch_size * TOKENS_PER_ROW if max_tokens is None else max_tokens
     order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
-    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    s = 0
+    while s < len(order):
+        rows = max(1, min(batch_size, max_tokens // (lengths[order[s]] + 2)))  # the first row is the longest
+        batches.append(order[s : s + rows])
+        s += rows
+    return batches
 
 
 def input_order_batches(n: int, batch_size: int) -> list[list[int]]:

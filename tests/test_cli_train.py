@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def test_short_run_writes_a_model_directory(shards, config, tmp_path):
                "--validation", str(valid_dir), "--lr", "0.3", "--seed", "4")
     assert r.exit_code == 0, r.output
     assert "finished: step 6/6" in r.stdout and "validation perplexity (full softmax)" in r.stdout
+    # stderr is not a terminal: plain progress lines (the last step's always), one line each however long
+    last = [line for line in r.stderr.splitlines() if line.startswith("step 6/6 ")]
+    assert len(last) == 1 and re.fullmatch(r"step 6/6  epoch [0-9.]+  loss [0-9.]+  lr \S+  [0-9,]+ tok/s  ETA "
+                                           r"\d+:\d\d:\d\d", last[0]), r.stderr
     for name in ("options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt", "chars.json", "config.json",
                  "metrics.jsonl"):
         assert (out / name).is_file(), name

@@ -44,6 +44,13 @@ def _read(path):
 def test_length_sorted_batches():
     assert length_sorted_batches([3, 9, 1, 8], 2) == [[1, 3], [0, 2]]
     assert length_sorted_batches([], 4) == []
+    # A token budget: rows x (longest + 2) <= max_tokens, at least one row; every position exactly once.
+    lengths = [300, 5, 40, 298, 6, 1000, 7]
+    batches = length_sorted_batches(lengths, 4, max_tokens=700)
+    assert batches == [[5], [0, 3], [2, 6, 4, 1]]
+    assert sorted(k for b in batches for k in b) == list(range(len(lengths)))
+    long = length_sorted_batches([200] * 300 + [20] * 300, 64)  # default budget 64 x 64 padded tokens
+    assert [len(b) for b in long] == [20] * 15 + [64] * 4 + [44]  # 4096 // 202 = 20 rows of 200 tokens
 
 
 def test_reduce_layers_hand_computed():
