@@ -204,6 +204,7 @@ class BiLSTMKernel:
         self.residual = forward.residual
         self.cell_clip, self.proj_clip = first.cell_clip, first.proj_clip
         self.dtype = compute_dtype
+        self._buffer: torch.Tensor | None = None
         H = self.H
 
         def gate_major(w: torch.Tensor) -> torch.Tensor:  # (4H, D) per direction -> (4, D, H)
@@ -220,6 +221,15 @@ class BiLSTMKernel:
                     cast(torch.stack([gate_major(l.recurrent_weight) for l in both]).reshape(8, -1, H)),  # (8, P, H)
                     cast(torch.stack([l.projection_weight.t() for l in both]).contiguous()),  # (2, H, P)
                 ))
+
+    def _workspace(self, numel: int, device: torch.device) -> torch.Tensor:
+        """The input products of a batch, `numel` floats, in one buffer kept for the next batch: the largest
+        allocation of a batch is made once, not once per layer and batch, so a long dump's resident memory stays
+        that of its largest batch (fresh buffers of varying sizes fragment the heap and it grows with the input)."""
+        if self._buffer is None or self._buffer.numel() < numel or self._buffer.device != device:
+            self._buffer = None
+            self._buffer = torch.empty(numel, device=device)
+        return self._buffer[:numel]
 
     def _mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``a @ b`` in the compute dtype, the result in fp32."""
@@ -252,13 +262,18 @@ class BiLSTMKernel:
             idx_s = distinct[1][order]
             idx_tm = torch.stack([idx_s, reverse_padded(idx_s, lengths_s)]).transpose(1, 2).reshape(2, T * B)
         outputs = [torch.cat([x_s, x_s], dim=-1)]
+        xw = self._workspace(2 * 4 * T * B * self.H, x.device).view(2, 4, T * B, self.H)
         for k, (w_in, bias, w_rec, w_proj) in enumerate(self.layers):
             if k == 0 and distinct is not None:
-                xw_u = self._mm(distinct[0].unsqueeze(0).unsqueeze(0), w_in) + bias  # (2, 4, U, H)
-                xw = torch.stack([torch.stack([xw_u[d, g].index_select(0, idx_tm[d]) for g in range(4)])
-                                  for d in range(2)])  # (2, 4, T * B, H)
+                xw_u = self._mm(distinct[0].unsqueeze(0).unsqueeze(0), w_in).add_(bias)  # (2, 4, U, H)
+                for d in range(2):
+                    for g in range(4):
+                        torch.index_select(xw_u[d, g], 0, idx_tm[d], out=xw[d, g])
+                del xw_u
+            elif self.dtype is None:
+                torch.matmul(inp.view(2, 1, T * B, P), w_in, out=xw).add_(bias)
             else:
-                xw = self._mm(inp.view(2, 1, T * B, P), w_in).add_(bias)  # (2, 4, T * B, H)
+                xw.copy_(self._mm(inp.view(2, 1, T * B, P), w_in)).add_(bias)
             out = self._recur(xw.view(2, 4, T, B, self.H), w_rec, w_proj, active)  # (2, T, B, P)
             if self.residual and k > 0:
                 out = out + inp
