@@ -13,7 +13,7 @@ import typer
 
 from elmo_cli.layers import MODES_HELP
 from elmo_cli.presets import PRESETS_HELP
-from elmo_cli.console import console, err_console, user_errors as _user_errors
+from elmo_cli.console import command, console, err_console, user_errors as _user_errors
 from vocab.errors import ElmoError
 
 app = typer.Typer(
@@ -68,7 +68,7 @@ def _vocab_table(stats) -> "Table":
     return table
 
 
-@app.command("build-vocab")
+@command(app, "build-vocab")
 def cli_build_vocab(
     corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
     output: Path = typer.Option(..., "--output", "-o", help="Vocabulary file to write (bilm-tf format)."),
@@ -112,7 +112,7 @@ def cli_build_vocab(
         console.print(f"wrote {stats.output} ({stats.vocab_size:,} tokens)")
 
 
-@app.command("shard")
+@command(app, "shard")
 def cli_shard(
     corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
     vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file (its <stem>.spm.model is used if present)."),
@@ -208,7 +208,7 @@ class _TrainReport:
         self.progress.stop()
 
 
-@app.command("train")
+@command(app, "train")
 def cli_train(
     data: Path = typer.Option(..., "--data", help="Shard directory (elmo-cli shard)."),
     output: Path = typer.Option(..., "--output", help="Run directory: model files, config.json, metrics.jsonl, "
@@ -368,7 +368,7 @@ def _evaluate_table(title: str, result, baselines: dict[str, dict], exclude_unk:
     return table
 
 
-@app.command("evaluate")
+@command(app, "evaluate")
 def cli_evaluate(
     data: List[str] = typer.Argument(..., help="Text files (globs, - for stdin, .gz) tokenized with the model's "
                                                "own vocabulary or SentencePiece model, or shard directories."),
@@ -442,7 +442,7 @@ _OPTIONS_HELP = "bilm-tf options.json (with --weights, instead of --model)."
 _WEIGHTS_HELP = "bilm-tf weights.hdf5 (with --options, instead of --model)."
 
 
-@app.command("export")
+@command(app, "export")
 def cli_export(
     model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
     output: Path = typer.Option(..., "--output", help="Directory to create."),
@@ -462,7 +462,7 @@ def cli_export(
         console.print(f"exported {output}: {', '.join(names)}", highlight=False)
 
 
-@app.command("dump-embeddings")
+@command(app, "dump-embeddings")
 def cli_dump_embeddings(
     input: Path = typer.Argument(..., help="Text file, one sentence per line (tokens split on whitespace, or "
                                            "by the model's spm.model)."),
@@ -544,7 +544,7 @@ def cli_dump_embeddings(
                           f"{dt:.1f} s ({result.tokens / max(dt, 1e-9):,.0f} tokens/s){resumed}", highlight=False)
 
 
-@app.command("dump-token-embeddings")
+@command(app, "dump-token-embeddings")
 def cli_dump_token_embeddings(
     vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file, one token per line."),
     output: Path = typer.Option(..., "--output", help="HDF5 file: embedding (V, P), as bilm-tf's."),
@@ -569,7 +569,7 @@ def cli_dump_token_embeddings(
 
 
 # ---- plot (training curves) --------------------------------------------------------------------------------------
-@app.command("plot")
+@command(app, "plot")
 def cli_plot(
     runs: List[Path] = typer.Argument(..., help="Run directories (with metrics.jsonl), drawn side by side."),
     output: Optional[Path] = typer.Option(None, "--output", help="PNG to write (default: RUN/curves.png of the "

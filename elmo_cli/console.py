@@ -1,4 +1,5 @@
-"""The two consoles every command prints to, and `user_errors`: how an `ElmoError` reaches the user.
+"""The two consoles every command prints to, `user_errors`: how an `ElmoError` reaches the user, and `command`:
+how a command's help is laid out.
 
 Each command body (in `elmo_cli.cli` and the `task` sub-app) runs inside ``with user_errors():``, which turns an
 `ElmoError` into ``error: <message>`` on stderr and exit code 1; any other exception is a bug and keeps its
@@ -7,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Iterator
 
 import typer
@@ -38,3 +40,16 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise typer.Exit(code=130)
+
+
+def command(app, name: str):
+    """``@app.command(name)`` with the docstring's closing ``Example:`` paragraph moved to the epilog, so a
+    command's ``--help`` ends with its example line (after the options)."""
+    def register(fn):
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        head, sep, example = doc.rpartition("\n\nExample:")
+        if not sep:
+            return app.command(name)(fn)
+        return app.command(name, help=head, epilog="Example:" + example)(fn)
+
+    return register

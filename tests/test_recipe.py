@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from elmo_cli.cli import app
+from elmo_cli.tasks.cli import task_app
 from elmo_cli.train import lr_factor, train
 from elmo_cli.train_config import TrainingConfig
 from train_fixtures import make_shards, tiny_config
@@ -106,3 +107,13 @@ def test_plot_draws_several_runs_and_refuses_a_non_run(shards, tmp_path):
 def test_version():
     r = runner.invoke(app, ["--version"])
     assert r.exit_code == 0 and r.stdout.startswith("elmo-cli ")
+
+
+def test_every_help_ends_with_its_example():
+    names = [c.name for c in app.registered_commands] + [f"task {c.name}" for c in task_app.registered_commands]
+    assert len(names) >= 11
+    for name in names:
+        r = runner.invoke(app, [*name.split(), "--help"], env={"COLUMNS": "250"})
+        assert r.exit_code == 0, name
+        last = [line.strip() for line in r.stdout.splitlines() if line.strip()][-1]
+        assert last.startswith(f"Example: elmo-cli {name} "), (name, last)

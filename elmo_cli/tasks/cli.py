@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from elmo_cli.console import console, err_console, user_errors as _user_errors
+from elmo_cli.console import command, console, err_console, user_errors as _user_errors
 from vocab.errors import ElmoError
 
 task_app = typer.Typer(help="Task models on ELMo: tagging (CoNLL, CoNLL-U) and sentence classification (TSV).",
@@ -98,7 +98,7 @@ def _settings(**kw):
     return TrainSettings(**kw)
 
 
-@task_app.command("train")
+@command(task_app, "train")
 def cli_train(
     kind: str = typer.Option(..., "--kind", help="tagging | classification"),
     train: Path = typer.Option(..., "--train", help="Training file: CoNLL / CoNLL-U (tagging) or TSV label<TAB>text."),
@@ -173,7 +173,7 @@ def cli_train(
                       f"ELMo {_mix_text(result.model.mix_summary())}", highlight=False)
 
 
-@task_app.command("evaluate")
+@command(task_app, "evaluate")
 def cli_evaluate(
     test: Path = typer.Argument(..., help="Labelled file in the training format."),
     task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
@@ -202,7 +202,7 @@ def cli_evaluate(
             console.print(_metrics_table(m, str(test)))
 
 
-@task_app.command("predict")
+@command(task_app, "predict")
 def cli_predict(
     input: Path = typer.Argument(..., help="One sentence per line, or a CoNLL / CoNLL-U file (labels ignored)."),
     output: Path = typer.Argument(..., help="CoNLL (token TAB label) for tagging, TSV (label TAB text) otherwise."),
