@@ -58,7 +58,7 @@ def release_free_memory() -> None:
 
     Called after each batch: a batch's tensors of many sizes leave holes in the heap that later small
     allocations (tokens, HDF5 metadata) split, so without it resident memory grows with the input (tiny model,
-    10x the input: 1.6x the peak RSS without, 1.12x with; it costs a few percent of speed on the small shapes,
+    10x the input: 1.8x the peak RSS without, 1.12x with; it costs a few percent of speed on the small shapes,
     `python -m benchmarks.bench_embed memory`).
     """
     global _malloc_trim
