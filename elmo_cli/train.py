@@ -55,7 +55,7 @@ class StepInfo:
     """What `on_step` receives after every optimizer step (rank 0 only)."""
 
     step: int
-    total_steps: int
+    total_steps: int  # the run's length; under --max-time, the steps the remaining time allows at the recent rate
     epoch: float  # epochs done, from the manifest's token count
     loss: float  # this step's sampled-softmax loss (mean of both directions)
     tokens_per_s: float  # training tokens (per direction, all processes) per second, recent average
@@ -639,10 +639,12 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                 tr.checkpoint()
                 last_ckpt, event = (run.step, time.monotonic()), event or "checkpoint"
             if on_step is not None and tr.ddp.main:
-                eta = (total - run.step) * tc.batch_size * tc.unroll_steps * tr.ddp.world_size / max(meter.rate, 1e-9)
-                if tc.max_time:
-                    eta = min(eta, max(0.0, tc.max_time - tr.elapsed()))
-                on_step(StepInfo(run.step, total, run.step / tr.per_epoch, (f_val + b_val) / 2, meter.rate,
+                steps_per_s = max(meter.rate, 1e-9) / (tc.batch_size * tc.unroll_steps * tr.ddp.world_size)
+                eta, expected = (total - run.step) / steps_per_s, total
+                if tc.max_time and tc.max_time - tr.elapsed() < eta:  # the time budget ends the run first
+                    eta = max(0.0, tc.max_time - tr.elapsed())
+                    expected = min(total, run.step + math.ceil(eta * steps_per_s))
+                on_step(StepInfo(run.step, expected, run.step / tr.per_epoch, (f_val + b_val) / 2, meter.rate,
                                  time.monotonic() - tr.start, eta, event, vresult, lr, tr.baseline, run.best))
             if stop_now:
                 if stopped != "patience":

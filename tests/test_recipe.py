@@ -117,3 +117,13 @@ def test_every_help_ends_with_its_example():
         assert r.exit_code == 0, name
         last = [line.strip() for line in r.stdout.splitlines() if line.strip()][-1]
         assert last.startswith(f"Example: elmo-cli {name} "), (name, last)
+
+
+def test_time_budget_progress_counts_the_steps_it_allows(shards, tmp_path):
+    _, train_dir, _ = shards
+    infos = []
+    r = train(tiny_config(epochs=10_000, max_time=3.0), train_dir, tmp_path / "run", on_step=infos.append)
+    assert r.stopped == "max_time" and r.total_steps > 100 * r.step  # the epochs would take far longer
+    last = infos[-1]
+    # The progress a user sees ends near the step where the budget ran out, not at the epochs' step count.
+    assert last.eta < 1.0 and last.step <= last.total_steps <= last.step + max(5, last.step // 5)
