@@ -327,7 +327,8 @@ class _Progress:
 
 
 class _Meter:
-    """Sums between two metrics.jsonl records: loss (both directions), tokens, time."""
+    """Sums between two metrics.jsonl records: loss (both directions), tokens, training time (validations and
+    checkpoints left out, so tokens/s and the ETA are the training speed's)."""
 
     def __init__(self):
         self.reset(time.monotonic())
@@ -345,6 +346,10 @@ class _Meter:
         self.tokens += tokens
         if self.rate == 0.0:
             self.rate = self.tokens / max(time.monotonic() - self.start, 1e-9)
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` (a validation, a checkpoint) out of the tokens/s of the current record."""
+        self.start += seconds
 
     def record(self, step: int, per_epoch: int, tokens_seen: int, grad_norm: float, lr: float, elapsed: float
                ) -> dict:
@@ -630,14 +635,18 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
             if run.step % tc.log_every == 0 or run.step == total or stop_now:
                 tr.log(meter.record(run.step, tr.per_epoch, run.tokens, grad_norm, lr, tr.elapsed()))
             if validate and run.step < total and not stop_now:
+                began = time.monotonic()
                 vresult = validation = tr.validate()
                 last_validation, event = time.monotonic(), "validation"
+                meter.exclude(last_validation - began)
                 if _agree(tr.ddp, tr.device, bool(tc.patience and run.bad_validations >= tc.patience)):
                     stopped, stop_now = "patience", True
             due = bool(tc.checkpoint_every and run.step - last_ckpt[0] >= tc.checkpoint_every) or ckpt_by_time
             if (due or stop_now) and run.step < total:
+                began = time.monotonic()
                 tr.checkpoint()
                 last_ckpt, event = (run.step, time.monotonic()), event or "checkpoint"
+                meter.exclude(last_ckpt[1] - began)
             if on_step is not None and tr.ddp.main:
                 steps_per_s = max(meter.rate, 1e-9) / (tc.batch_size * tc.unroll_steps * tr.ddp.world_size)
                 eta, expected = (total - run.step) / steps_per_s, total

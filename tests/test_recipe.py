@@ -3,6 +3,7 @@ Kneser-Ney reference during training, curves.png and `elmo-cli plot`."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,14 @@ def test_time_budget_progress_counts_the_steps_it_allows(shards, tmp_path):
     last = infos[-1]
     # The progress a user sees ends near the step where the budget ran out, not at the epochs' step count.
     assert last.eta < 1.0 and last.step <= last.total_steps <= last.step + max(5, last.step // 5)
+
+
+def test_tokens_per_second_leaves_validation_time_out():
+    from elmo_cli.train import _Meter
+
+    meter = _Meter()
+    meter.add(1.0, 1.0, 1000)
+    time.sleep(0.4)
+    meter.exclude(0.3)  # as if 0.3 s of those 0.4 s were a validation
+    rate = meter.record(1, 10, 1000, 0.0, 0.1, 0.4)["tokens_per_s"]
+    assert rate > 1000 / 0.2  # 1000 tokens in about 0.1 s of training, not 0.4 s
