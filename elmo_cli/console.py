@@ -17,7 +17,6 @@ from rich.console import Console
 from vocab.errors import ElmoError
 
 
-
 def _console(stderr: bool = False) -> Console:
     """A rich console; one that writes to a file or pipe (nohup, slurm, a CI log) never wraps a printed line."""
     c = Console(stderr=stderr)

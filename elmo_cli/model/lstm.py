@@ -231,11 +231,12 @@ class BiLSTMKernel:
             self._buffer = torch.empty(numel, device=device)
         return self._buffer[:numel]
 
-    def _mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """``a @ b`` in the compute dtype, the result in fp32."""
+    def _mm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``a @ b`` in the compute dtype, the result in fp32 (written into `out` when given)."""
         if self.dtype is None:
-            return torch.matmul(a, b)
-        return torch.matmul(a.to(self.dtype), b).float()
+            return torch.matmul(a, b, out=out)
+        result = torch.matmul(a.to(self.dtype), b).float()
+        return result if out is None else out.copy_(result)
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, lengths: torch.Tensor,
@@ -270,10 +271,8 @@ class BiLSTMKernel:
                     for g in range(4):
                         torch.index_select(xw_u[d, g], 0, idx_tm[d], out=xw[d, g])
                 del xw_u
-            elif self.dtype is None:
-                torch.matmul(inp.view(2, 1, T * B, P), w_in, out=xw).add_(bias)
             else:
-                xw.copy_(self._mm(inp.view(2, 1, T * B, P), w_in)).add_(bias)
+                self._mm(inp.view(2, 1, T * B, P), w_in, out=xw).add_(bias)
             out = self._recur(xw.view(2, 4, T, B, self.H), w_rec, w_proj, active)  # (2, T, B, P)
             if self.residual and k > 0:
                 out = out + inp
