@@ -29,7 +29,7 @@ from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batc
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import LoadedModel, set_threads
 from elmo_cli.model.bilm import BiLM
-from elmo_cli.model.lstm import BiLSTMKernel, fit_both, zero_states
+from elmo_cli.model.lstm import fit_both, zero_states
 from vocab.errors import ElmoError
 from vocab.text import STDIN, check_new_output, publish, read_lines
 
@@ -107,8 +107,7 @@ class _Window:
         self.f, self.model, self.device, self.tokens = f, loaded.model, loaded.device, tokens
         self.select, self.batch_size, self.dtype, self.compression = select, batch_size, dtype, compression
         self.stateful = stateful
-        self.lstm = None if stateful else BiLSTMKernel(self.model.forward_lstm, self.model.backward_lstm,
-                                                       compute_dtype_of(compute_dtype))
+        self.lstm = None if stateful else loaded.lstm_kernel(compute_dtype_of(compute_dtype))
         self.states: tuple | None = None
         self.lines = self.tokens_done = 0
 

@@ -147,7 +147,7 @@ class Embedder:
         self.loaded = load_model(model_dir, options_file, weight_file, device)
         self.model = self.loaded.model
         self.tokens = token_embeddings(self.loaded, token_cache)
-        self.lstm = BiLSTMKernel(self.model.forward_lstm, self.model.backward_lstm, compute_dtype_of(compute_dtype))
+        self.lstm = self.loaded.lstm_kernel(compute_dtype_of(compute_dtype))
         problem = bf16_problem(self.loaded.device) if compute_dtype == "bf16" else None
         if problem:
             warnings.warn(f"compute_dtype='bf16': {problem}; fp32 is exact and faster here", stacklevel=2)

@@ -6,7 +6,7 @@ options.json, weights.hdf5, optional softmax.hdf5, vocab.txt, chars.json, spm.mo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,6 +14,7 @@ import torch
 from elmo_cli.bilm_format import load_bilm, resolve_model_files
 from elmo_cli.config import ModelConfig, load_options
 from elmo_cli.model.bilm import BiLM
+from elmo_cli.model.lstm import BiLSTMKernel
 from vocab.chars import ByteChars
 from vocab.errors import ElmoError
 from vocab.tokenize import TextEncoder
@@ -25,6 +26,15 @@ class LoadedModel:
     text: TextEncoder  # tokenizer, vocabulary (may be None) and character encoder
     directory: Path | None  # the model directory, when given as one
     device: torch.device
+    _kernels: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def lstm_kernel(self, compute_dtype: torch.dtype | None = None) -> BiLSTMKernel:
+        """The LSTMs arranged for stateless inference (`BiLSTMKernel`), made on first use and kept: a loaded
+        model is read-only, and arranging `original`'s weights copies 300 MB."""
+        if compute_dtype not in self._kernels:
+            self._kernels[compute_dtype] = BiLSTMKernel(self.model.forward_lstm, self.model.backward_lstm,
+                                                        compute_dtype)
+        return self._kernels[compute_dtype]
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -259,13 +259,18 @@ def test_char_cnn_alone_equals_together(loaded):
             torch.testing.assert_close(loaded.model.encoder(ids[k : k + 1]), together[k : k + 1], atol=1e-5, rtol=0)
 
 
-def test_batched_directions_equal_bilm_embed(loaded):
+@pytest.mark.parametrize("boundaries", [False, True])
+def test_batched_directions_equal_bilm_embed(loaded, boundaries):
     from elmo_cli.model.lstm import BiLSTMKernel
 
     torch.manual_seed(0)
     B, T, P = 4, 7, 64
     x = torch.randn(B, T, P) * 3  # large inputs so that cell and projection clipping fire
     lengths = torch.tensor([7, 2, 5, 3])
+    if boundaries:  # every row <S> .. </S>: the kernel computes the first step once for all rows
+        start, end = torch.randn(P) * 3, torch.randn(P) * 3
+        for b, n in enumerate(lengths.tolist()):
+            x[b, 0], x[b, n - 1] = start, end
     with torch.no_grad():
         want, _ = loaded.model.embed(torch.empty(B, T, 0, dtype=torch.long), lengths, token_embeddings=x)
         got = BiLSTMKernel(loaded.model.forward_lstm, loaded.model.backward_lstm)(x, lengths)

@@ -193,7 +193,11 @@ class BiLSTMKernel:
     - gate-major weights: the four gate blocks (``i, j, f, o``, the layer's order) of both directions as one
       batched product of eight ``(P, H)`` matrices per step, and the input product of all steps likewise before
       the loop (for the first layer once per distinct token, then gathered);
-    - each step works in place on its slice of the input product.
+    - each step works in place on its slice of the input product;
+    - the step from zero state on the shared first token (``<S>`` forwards, ``</S>`` backwards) is computed on one
+      row and broadcast, and so is the next step's recurrent product;
+    - tanh as ``2 * sigmoid(2x) - 1`` (torch's CPU tanh costs three sigmoids), with the ``j`` gate's weights and
+      bias stored doubled (exact: a power of two); this moves results by about 1e-7.
     ``compute_dtype=torch.bfloat16`` runs the matrix products in bf16 (states and elementwise work stay fp32):
     approximate by design, for CPUs with AVX512-BF16/AMX and for GPUs.
     """
@@ -215,10 +219,13 @@ class BiLSTMKernel:
         with torch.no_grad():
             for fl, bl in zip(forward.layers, backward.layers):
                 both = (fl, bl)
+                w_in = torch.stack([gate_major(l.input_weight) for l in both])  # (2, 4, P, H)
+                bias = torch.stack([(l.bias + l.forget_bias).view(4, 1, H) for l in both])  # (2, 4, 1, H)
+                w_rec = torch.stack([gate_major(l.recurrent_weight) for l in both])  # (2, 4, P, H)
+                for w in (w_in, bias, w_rec):
+                    w[:, 1] *= 2  # the j gate doubled: tanh(x) = 2 sigmoid(2x) - 1
                 self.layers.append((
-                    cast(torch.stack([gate_major(l.input_weight) for l in both]).contiguous()),  # (2, 4, P, H)
-                    torch.stack([(l.bias + l.forget_bias).view(4, 1, H) for l in both]),  # (2, 4, 1, H)
-                    cast(torch.stack([gate_major(l.recurrent_weight) for l in both]).reshape(8, -1, H)),  # (8, P, H)
+                    cast(w_in), bias, cast(w_rec.reshape(8, -1, H)),  # (8, P, H)
                     cast(torch.stack([l.projection_weight.t() for l in both]).contiguous()),  # (2, H, P)
                 ))
 
@@ -252,17 +259,28 @@ class BiLSTMKernel:
         elsewhere).
         """
         B, T, P = x.shape
+        L = len(self.layers)
         order = torch.argsort(lengths, descending=True, stable=True)
         lengths_s = lengths[order]
         x_s = x[order]
         # Rows active at step t (sorted): those whose next input still feeds a kept output, t < length - 1.
         active = (lengths_s.unsqueeze(0) - 1 > torch.arange(T, device=x.device).unsqueeze(1)).sum(1).tolist()
         inp = torch.stack([x_s, reverse_padded(x_s, lengths_s)]).transpose(1, 2).contiguous()  # (2, T, B, P)
+        # Every row starts from zero state; when every row also starts with the same token in both directions
+        # (``<S>`` forwards, ``</S>`` backwards), the first step's states are the same in all rows at every layer.
+        same_start = bool((inp[:, 0] == inp[:, 0, :1]).all())
         idx_tm = None
         if distinct is not None:
             idx_s = distinct[1][order]
             idx_tm = torch.stack([idx_s, reverse_padded(idx_s, lengths_s)]).transpose(1, 2).reshape(2, T * B)
-        outputs = [torch.cat([x_s, x_s], dim=-1)]
+        # Output rows in input order: sorted row r goes to row order[r]; the backward direction's step t of row r
+        # is position lengths[r] - 1 - t (padding positions map to themselves and are left undefined).
+        result = x.new_empty(L + 1, B, T, 2, P)
+        result[0] = x.unsqueeze(2)
+        t_idx = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
+        rev = torch.where(t_idx < lengths_s.unsqueeze(1), lengths_s.unsqueeze(1) - 1 - t_idx, t_idx)  # (B, T)
+        row = torch.arange(B, device=x.device).unsqueeze(1)
+        gather = torch.stack([t_idx * B + row, rev * B + row])  # (2, B, T): step-major source of (row, position)
         xw = self._workspace(2 * 4 * T * B * self.H, x.device).view(2, 4, T * B, self.H)
         for k, (w_in, bias, w_rec, w_proj) in enumerate(self.layers):
             if k == 0 and distinct is not None:
@@ -271,20 +289,26 @@ class BiLSTMKernel:
                     for g in range(4):
                         torch.index_select(xw_u[d, g], 0, idx_tm[d], out=xw[d, g])
                 del xw_u
+            elif self.dtype is None:  # one product per direction and gate, the bias added by the product
+                for d in range(2):
+                    for g in range(4):
+                        torch.addmm(bias[d, g], inp[d].view(T * B, P), w_in[d, g], out=xw[d, g])
             else:
                 self._mm(inp.view(2, 1, T * B, P), w_in, out=xw).add_(bias)
-            out = self._recur(xw.view(2, 4, T, B, self.H), w_rec, w_proj, active)  # (2, T, B, P)
+            out = self._recur(xw.view(2, 4, T, B, self.H), w_rec, w_proj, active, same_start)  # (2, T, B, P)
             if self.residual and k > 0:
-                out = out + inp
-            both = out.transpose(1, 2)  # (2, B, T, P)
-            outputs.append(torch.cat([both[0], reverse_padded(both[1], lengths_s)], dim=-1))
+                out += inp
+            flat = out.view(2, T * B, P)
+            for d in range(2):
+                result[k + 1, order, :, d] = flat[d][gather[d]]
             inp = out
-        layers = torch.stack(outputs)  # (L+1, B, T, 2P), rows sorted
-        return layers[:, torch.argsort(order)]
+        return result.view(L + 1, B, T, 2 * P)
 
-    def _recur(self, xw: torch.Tensor, w_rec: torch.Tensor, w_proj: torch.Tensor, active: list[int]
-               ) -> torch.Tensor:
+    def _recur(self, xw: torch.Tensor, w_rec: torch.Tensor, w_proj: torch.Tensor, active: list[int],
+               same_start: bool = False) -> torch.Tensor:
         """The step loop over ``xw (2, 4, T, B, H)``, in place on each step's slice (not needed afterwards).
+        ``same_start``: every row's first input is the same, so step 0 is computed on one row and broadcast, and
+        step 1's recurrent product (of that one state) on one row too.
 
         # Returns
         outputs `(2, T, B, P)`, zero where a row is not active.
@@ -294,22 +318,40 @@ class BiLSTMKernel:
         out = xw.new_zeros(2, T, B, P)
         h = xw.new_zeros(2, B, P)
         c = xw.new_zeros(2, B, H)
-        for t in range(T):
+        start, h_first = 0, None
+        if same_start and T > 1 and active[0] > 0:  # from zero state: no recurrent product, c = i * j
+            c1, h_first = self._cell(xw[:, :, 0, :1].clone(), None, w_proj)  # (2, 1, H), (2, 1, P)
+            c.copy_(c1.expand(2, B, H))
+            out[:, 0, : active[0]] = h_first
+            start = 1
+        for t in range(start, T):
             n = active[t]
             if n == 0:
                 break
             z = xw[:, :, t, :n]  # (2, 4, n, H)
-            h_rep = h[:, :n].unsqueeze(1).expand(2, 4, n, P).reshape(8, n, P)
-            if self.dtype is None:
-                z.view(8, n, H).baddbmm_(h_rep, w_rec)
+            if h_first is not None and t == 1:  # every row's state is h_first: one row's product, broadcast
+                z.view(8, n, H).add_(self._mm(h_first.expand(2, 4, P).reshape(8, 1, P), w_rec))
             else:
-                z.view(8, n, H).add_(self._mm(h_rep, w_rec))
-            i, j, f, o = z[:, 0].sigmoid_(), z[:, 1].tanh_(), z[:, 2].sigmoid_(), z[:, 3].sigmoid_()
-            c = c[:, :n].mul_(f).addcmul_(i, j)
-            if self.cell_clip is not None:
-                c.clamp_(-self.cell_clip, self.cell_clip)
-            h = self._mm(torch.tanh(c).mul_(o), w_proj)  # (2, n, P)
-            if self.proj_clip is not None:
-                h.clamp_(-self.proj_clip, self.proj_clip)
+                h_rep = h[:, :n].unsqueeze(1).expand(2, 4, n, P).reshape(8, n, P)
+                if self.dtype is None:
+                    z.view(8, n, H).baddbmm_(h_rep, w_rec)
+                else:
+                    z.view(8, n, H).add_(self._mm(h_rep, w_rec))
+            c, h = self._cell(z, c[:, :n], w_proj)
             out[:, t, :n] = h
         return out
+
+    def _cell(self, z: torch.Tensor, c: torch.Tensor | None, w_proj: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step's gates ``z (2, 4, n, H)`` (j doubled; overwritten) and cell ``c (2, n, H)`` (updated in place;
+        None for zero) -> the new cell and the projected output ``h (2, n, P)``."""
+        i, j, f, o = z.sigmoid_().unbind(1)
+        j.mul_(2).sub_(1)  # tanh of the j gate
+        c = i.mul_(j) if c is None else c.mul_(f).addcmul_(i, j)
+        if self.cell_clip is not None:
+            c.clamp_(-self.cell_clip, self.cell_clip)
+        out = torch.mul(c, 2).sigmoid_().mul_(2).sub_(1).mul_(o)  # o * tanh(c)
+        h = self._mm(out, w_proj)  # (2, n, P)
+        if self.proj_clip is not None:
+            h.clamp_(-self.proj_clip, self.proj_clip)
+        return c, h
