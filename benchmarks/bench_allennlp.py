@@ -14,7 +14,7 @@ files, elmo-cli reads the same files. The sentences are bench_embed's 200 (about
 the same thread count for both. allennlp is run as its `ElmoEmbedder` does: batches in input order, character ids
 from `batch_to_ids`, no gradient, its carried LSTM state reset before each batch (so both compute the same stateless
 vectors); elmo-cli is `dump_embeddings` to an HDF5 file (sorting, windows and file writing
-included). Each side runs three times alternately; the best time of each is kept, and the layers are checked equal
+included). Each side runs five times alternately (the host is shared and noisy); the best time of each is kept, and the layers are checked equal
 (max |diff| < 1e-4) before any figure is printed. Without allennlp importable, prints how to install it and returns.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from elmo_cli.loading import load_model
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.presets import PRESETS
 
-REPEATS = 3
+REPEATS = 5
 
 
 def allennlp_layers(bilm, sentences: list[list[str]]) -> list[np.ndarray]:

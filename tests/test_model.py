@@ -138,3 +138,5 @@ def test_encoder_and_its_gradients_equal_conv1d_over_all_positions(tokens):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # inference pools with amax, training with max: the same values
+        assert torch.equal(enc(chars), out.detach())

@@ -89,8 +89,10 @@ class TokenEncoder(nn.Module):
         conv = windows @ self.kernel_matrix()  # (N, n_pos, F)
         if n_pos > W - self.kmax + 1:  # only tokens near W characters reach positions a narrower bank lacks
             conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))
-        # max (not amax): its backward routes each gradient to one position instead of masking all W x F.
-        pooled = conv.max(dim=1).values + torch.cat(list(self.biases))  # (N, F)
+        # Training takes max: its backward routes each gradient to one position instead of masking all W x F.
+        # Without gradients amax gives the same values 20x faster (no indices; measured on (256, 14, 2048)).
+        pooled = conv.max(dim=1).values if torch.is_grad_enabled() else conv.amax(dim=1)
+        pooled = pooled + torch.cat(list(self.biases))  # (N, F)
         h = F.relu(pooled) if self.config.activation == "relu" else torch.tanh(pooled)
         for hw in self.highways:
             h = hw(h)
