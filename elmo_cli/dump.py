@@ -136,7 +136,7 @@ class _Window:
                 self.states = new_states
             for b, k in enumerate(batch):
                 if n[b]:
-                    self.f[str(items[k][0])][...] = self.select.reduce(out[:, b, 1 : n[b] + 1])
+                    h5dump.write_line(self.f, items[k][0], self.select.reduce(out[:, b, 1 : n[b] + 1]))
             del out
             release_free_memory()
             self.lines += len(batch)

@@ -89,6 +89,14 @@ def create_line_dataset(f: h5py.File, index: int, shape: tuple[int, ...], dtype:
     return f.create_dataset(str(index), shape=shape, dtype=DTYPES[dtype], **kwargs)
 
 
+def write_line(f: h5py.File, index: int, data: np.ndarray) -> None:
+    """Fill line `index`'s dataset (made by `create_line_dataset`, same shape) with `data`, converting to the
+    file's dtype. Through h5py's low-level API: a third of the time per line of ``f[key][...] = data``."""
+    data = np.ascontiguousarray(data)
+    # An explicit memory space makes HDF5 check that the shapes agree (h5s.ALL would trust the buffer).
+    h5py.h5d.open(f.id, str(index).encode()).write(h5py.h5s.create_simple(data.shape), h5py.h5s.ALL, data)
+
+
 def mark_completed(f: h5py.File, completed: int) -> None:
     """Record that lines [0, completed) are written, and push it to disk."""
     f.attrs[COMPLETED_ATTR] = completed

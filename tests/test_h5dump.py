@@ -62,3 +62,14 @@ def test_token_cache_round_trip_and_checks(tmp_path):
     with pytest.raises(ElmoError, match="does not list its tokens"):
         h5dump.read_token_cache(tmp_path / "bilm_tf.hdf5", 4)
     assert h5dump.read_token_cache(tmp_path / "bilm_tf.hdf5", 4, ["a", "b", "c"])[0] == ["a", "b", "c"]
+
+
+def test_write_line_converts_dtype_and_refuses_a_wrong_shape(tmp_path):
+    x = np.random.default_rng(0).random((2, 5, 6), dtype=np.float32)[:, 1:]  # a strided view, as the dump gives
+    with h5py.File(tmp_path / "a.hdf5", "w") as f:
+        h5dump.create_line_dataset(f, 3, (2, 4, 6), "float16")
+        h5dump.write_line(f, 3, x)
+        assert f["3"].dtype == np.float16
+        np.testing.assert_array_equal(f["3"][...], x.astype(np.float16))
+        with pytest.raises(OSError, match="different number of elements"):
+            h5dump.write_line(f, 3, np.zeros((2, 3, 6), np.float32))
