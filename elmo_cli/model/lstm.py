@@ -31,10 +31,15 @@ def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     ``x`` shape `(B, T, ...)`, ``lengths`` `(B,)`. Applying it twice is the identity.
     """
     B, T = x.shape[:2]
-    t = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
-    L = lengths.to(x.device).unsqueeze(1)  # (B, 1)
-    idx = torch.where(t < L, L - 1 - t, t)  # (B, T)
+    idx = reversed_positions(lengths.to(x.device), T)  # (B, T)
     return x.gather(1, idx.view(B, T, *([1] * (x.dim() - 2))).expand_as(x))
+
+
+def reversed_positions(lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """``(B, T)``: position t of row b read backwards, ``lengths[b] - 1 - t`` inside the row, t in the padding."""
+    t = torch.arange(T, device=lengths.device).unsqueeze(0)  # (1, T)
+    L = lengths.unsqueeze(1)  # (B, 1)
+    return torch.where(t < L, L - 1 - t, t)
 
 
 def fit_states(states: list[State] | None, batch_size: int) -> list[State] | None:
@@ -278,8 +283,8 @@ class BiLSTMKernel:
         result = x.new_empty(L + 1, B, T, 2, P)
         result[0] = x.unsqueeze(2)
         t_idx = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
-        rev = torch.where(t_idx < lengths_s.unsqueeze(1), lengths_s.unsqueeze(1) - 1 - t_idx, t_idx)  # (B, T)
         row = torch.arange(B, device=x.device).unsqueeze(1)
+        rev = reversed_positions(lengths_s, T)  # (B, T)
         gather = torch.stack([t_idx * B + row, rev * B + row])  # (2, B, T): step-major source of (row, position)
         xw = self._workspace(2 * 4 * T * B * self.H, x.device).view(2, 4, T * B, self.H)
         for k, (w_in, bias, w_rec, w_proj) in enumerate(self.layers):
