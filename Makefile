@@ -1,11 +1,20 @@
 # elmo-cli: `make demo` and `make test` are all a fresh machine needs.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch. On these machines pip finds this exact release as a local wheel; elsewhere it comes
-# from PyTorch's CPU index. Never let pip resolve plain `torch`, which pulls a multi-GB CUDA build.
-TORCH_SPEC ?= torch==2.13.0
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# torch is installed first, so pip never resolves plain `torch` (on Linux PyPI's is a multi-GB CUDA build).
+# By default the CPU build: `torch==2.13.0+cpu` from a local wheel when pip has one, else PyTorch's CPU index
+# (macOS: PyPI's, which is CPU-only). On a GPU machine: `make install CUDA=cu126` (any CUDA tag PyTorch publishes
+# for TORCH_VERSION) installs the CUDA build from https://download.pytorch.org/whl/$(CUDA).
+TORCH_VERSION ?= 2.13.0
+CUDA ?=
+ifeq ($(strip $(CUDA)),)
+TORCH_INSTALL = $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" \
+	|| $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu \
+	|| { [ "$$(uname -s)" = Darwin ] && $(BIN)/pip install -q "torch==$(TORCH_VERSION)"; }
+else
+TORCH_INSTALL = $(BIN)/pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/$(CUDA)
+endif
 
 .PHONY: install demo demo-task test bench bench-quality clean
 
@@ -14,7 +23,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)" || $(BIN)/pip install -q "$(TORCH_SPEC)" --index-url $(TORCH_INDEX)
+	$(TORCH_INSTALL)
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 

@@ -15,6 +15,7 @@ softmax.hdf5 (elmo-cli's, since bilm-tf never stored the softmax): ``W (V, P)``,
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -215,21 +216,90 @@ def save_model_dir(model: BiLM, directory: Path) -> None:
         write_softmax(model, directory / "softmax.hdf5")
 
 
-def resolve_model_files(model_dir: Path | None, options: Path | None, weights: Path | None
-                        ) -> tuple[Path, Path, Path | None]:
-    """(options, weights, softmax-or-None) from a model directory or the two explicit files."""
-    if model_dir is not None:
-        if options is not None or weights is not None:
-            raise ElmoError("give either --model DIR or --options F --weights F, not both")
-        d = Path(model_dir)
-        if not d.is_dir():
-            raise ElmoError(f"{d}: model directory not found")
-        for name in ("options.json", "weights.hdf5"):
-            if not (d / name).is_file():
-                raise ElmoError(f"{d}: not a model directory (no {name}); a trained run directory or an "
-                                f"`elmo-cli export` output has options.json and weights.hdf5")
-        sm = d / "softmax.hdf5"
-        return d / "options.json", d / "weights.hdf5", sm if sm.is_file() else None
-    if options is None or weights is None:
-        raise ElmoError("a model is needed: --model DIR, or both --options F and --weights F")
-    return Path(options), Path(weights), None
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where a biLM's files are. `directory` holds vocab.txt, chars.json and spm.model when the model came as a
+    directory (a run or an `export`); a bare bilm-tf pair (the published files) has none."""
+
+    options: Path
+    weights: Path
+    softmax: Path | None = None
+    directory: Path | None = None
+
+    def __str__(self) -> str:
+        return str(self.directory) if self.directory is not None else str(self.options)
+
+
+def weights_beside(options: Path) -> Path:
+    """The weights file named like a published options file: ``x_options.json`` -> ``x_weights.hdf5``,
+    ``options.json`` -> ``weights.hdf5`` (the last ``options`` in the name becomes ``weights``)."""
+    stem = options.name[: -len(options.suffix)] if options.suffix else options.name
+    i = stem.rfind("options")
+    if i < 0:
+        raise ElmoError(f"{options}: cannot tell its weights file (no 'options' in the name to replace by "
+                        f"'weights'); pass --weights F")
+    return options.with_name(stem[:i] + "weights" + stem[i + len("options"):] + ".hdf5")
+
+
+def _check_kind(path: Path, flag: str, want_hdf5: bool) -> None:
+    """A missing file, or an HDF5 file given as options (or the reverse), named in one line."""
+    if not path.exists():
+        raise ElmoError(f"{path}: {'weights' if want_hdf5 else 'options'} file not found ({flag})")
+    if path.is_dir():
+        raise ElmoError(f"{path}: {flag} takes a file, not a directory")
+    with open(path, "rb") as f:
+        head = f.read(len(HDF5_SIGNATURE))
+    if head == HDF5_SIGNATURE and not want_hdf5:
+        raise ElmoError(f"{path}: an HDF5 file, not an options JSON file (given as {flag}: are the options and "
+                        f"weights files swapped?)")
+    if head != HDF5_SIGNATURE and want_hdf5:
+        if head.lstrip().startswith(b"{"):
+            raise ElmoError(f"{path}: a JSON file, not HDF5 weights (given as {flag}: are the options and weights "
+                            f"files swapped?)")
+        raise ElmoError(f"{path}: not an HDF5 weights file ({'empty' if not head else 'truncated or another format'})")
+
+
+def resolve_model_files(model: Path | None, options: Path | None, weights: Path | None) -> ModelFiles:
+    """The files of a biLM given as a model directory, an options.json path (weights beside it, or `weights`),
+    or the two bilm-tf files. Each mistake is one ElmoError naming the path and the flag."""
+    if model is not None:
+        model = Path(model)
+        if options is not None:
+            raise ElmoError("give either --model or --options, not both (--model takes a directory or an "
+                            "options.json file)")
+        if model.is_dir():
+            if weights is not None:
+                raise ElmoError(f"--weights goes with an options.json file, not a model directory ({model})")
+            for name in ("options.json", "weights.hdf5"):
+                if not (model / name).is_file():
+                    raise ElmoError(f"{model}: not a model directory (no {name}); a trained run directory or an "
+                                    f"`elmo-cli export` output has options.json and weights.hdf5")
+            sm = model / "softmax.hdf5"
+            return ModelFiles(model / "options.json", model / "weights.hdf5", sm if sm.is_file() else None, model)
+        if not model.exists():
+            raise ElmoError(f"{model}: not found (--model takes a model directory or an options.json file)")
+        if model.name == "options.json" and weights is None and (model.parent / "weights.hdf5").is_file():
+            return resolve_model_files(model.parent, None, None)  # run/options.json means the directory run/
+        options = model
+        _check_kind(options, "--model", want_hdf5=False)
+        if weights is None:
+            weights = weights_beside(model)
+            if not weights.exists():
+                raise ElmoError(f"{options}: its weights file {weights.name} is not beside it; pass --weights F")
+        flag = "--model"
+    else:
+        if options is None and weights is None:
+            raise ElmoError("a model is needed: --model DIR or --model OPTIONS.json, or --options F --weights F")
+        if weights is None:
+            raise ElmoError(f"--options {options} needs --weights F (the weights.hdf5 of the same model)")
+        if options is None:
+            raise ElmoError(f"--weights {weights} needs --options F (the options.json of the same model), or "
+                            f"--model DIR")
+        flag = "--options"
+    options, weights = Path(options), Path(weights)
+    _check_kind(options, flag, want_hdf5=False)
+    _check_kind(weights, "--weights", want_hdf5=True)
+    return ModelFiles(options, weights)

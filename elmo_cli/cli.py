@@ -12,17 +12,13 @@ from typing import List, Optional
 import typer
 
 from elmo_cli.layers import MODES_HELP
-from elmo_cli.presets import PRESETS_HELP
-from elmo_cli.console import command, console, err_console, user_errors as _user_errors
+from elmo_cli.presets import PRESETS_HELP, presets_table
+from elmo_cli.console import (app_settings, batch_size_option, command, console, device_option, err_console,
+                              errors_option, model_option, options_option, output_option, pick_output,
+                              threads_option, user_errors as _user_errors, weights_option)
 from vocab.errors import ElmoError
 
-app = typer.Typer(
-    help="Train and use ELMo-style contextual word representations on your own corpus.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",  # help paragraphs are re-flowed: docstring line breaks are not kept
-)
+app = typer.Typer(**app_settings("Train and use ELMo-style contextual word representations on your own corpus."))
 
 
 def _version(value: bool) -> None:
@@ -71,11 +67,11 @@ def _vocab_table(stats) -> "Table":
 @command(app, "build-vocab")
 def cli_build_vocab(
     corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
-    output: Path = typer.Option(..., "--output", "-o", help="Vocabulary file to write (bilm-tf format)."),
+    output: Path = output_option("Vocabulary file to write (bilm-tf format)."),
     min_count: int = typer.Option(1, help="Drop tokens seen fewer times."),
     max_size: Optional[int] = typer.Option(None, help="At most this many vocabulary lines, specials included."),
     projection_dim: int = typer.Option(512, help="Projection dim for the reported softmax size V*(P+1)*4 bytes."),
-    errors: str = typer.Option("strict", help="Invalid UTF-8: strict (error) or replace (U+FFFD)."),
+    errors: str = errors_option("CORPUS"),
     sentencepiece: bool = typer.Option(False, "--sentencepiece", help="Train a SentencePiece model on raw text."),
     vocab_size: Optional[int] = typer.Option(None, help="SentencePiece vocabulary size (with --sentencepiece)."),
     model_type: str = typer.Option("unigram", help="SentencePiece model: unigram or bpe."),
@@ -116,13 +112,13 @@ def cli_build_vocab(
 def cli_shard(
     corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
     vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file (its <stem>.spm.model is used if present)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Shard directory to create."),
+    output: Path = output_option("Shard directory to create."),
     tokens_per_shard: int = typer.Option(1_000_000, help="About this many tokens per shard (bounds memory)."),
     seed: int = typer.Option(0, help="Shuffle seed; same input and seed give byte-identical shards."),
     workers: int = typer.Option(1, help="Encoding processes; the output does not depend on it."),
     chars: str = typer.Option("bytes", help="Character ids: bytes (bilm-tf compatible) or codepoint."),
     max_chars_vocab: int = typer.Option(2000, help="Code points kept with --chars codepoint (others share one id)."),
-    errors: str = typer.Option("strict", help="Invalid UTF-8: strict (error) or replace (U+FFFD)."),
+    errors: str = errors_option("CORPUS"),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty output directory."),
 ) -> None:
     """Encode a corpus into shuffled, memory-mappable shards with a manifest.json the trainer reads.
@@ -208,46 +204,65 @@ class _TrainReport:
         self.progress.stop()
 
 
-@command(app, "train")
+@command(app, "train", more=presets_table())
 def cli_train(
     data: Path = typer.Option(..., "--data", help="Shard directory (elmo-cli shard)."),
-    output: Path = typer.Option(..., "--output", help="Run directory: model files, config.json, metrics.jsonl, "
-                                                      "checkpoints/."),
+    output: Path = output_option("Run directory: model files, config.json, metrics.jsonl, checkpoints/."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON config: options.json keys plus a "
-                                                                 "'training' section."),
+                                                                 "'training' section, over the preset."),
     preset: Optional[str] = typer.Option(None, "--preset", help=PRESETS_HELP),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Rows per process."),
-    unroll_steps: Optional[int] = typer.Option(None, "--unroll-steps"),
-    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adagrad (bilm-tf) | adam | adamw."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Rows per process (default: the "
+                                                                        "preset's)."),
+    unroll_steps: Optional[int] = typer.Option(None, "--unroll-steps", help="Tokens per row and step, the "
+                                                                            "truncated-BPTT window (default 20)."),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adagrad (bilm-tf) | adam | adamw "
+                                                                      "(default: the preset's)."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (default: the preset's)."),
     lr_schedule: Optional[str] = typer.Option(None, "--lr-schedule", help="constant | linear | cosine, over the "
-                                                                          "run's steps or its --max-time."),
-    warmup: Optional[float] = typer.Option(None, "--warmup", help="Fraction of the run with a linear warmup."),
-    epochs: Optional[float] = typer.Option(None, "--epochs"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Run length in steps (instead of --epochs)."),
+                                                                          "run's steps or its --max-time "
+                                                                          "(default: the preset's)."),
+    warmup: Optional[float] = typer.Option(None, "--warmup", help="Fraction of the run with a linear warmup "
+                                                                  "(default: the preset's, 0 for bilm-tf's)."),
+    epochs: Optional[float] = typer.Option(None, "--epochs", help="Run length in passes over the shards' "
+                                                                  "tokens (default: the preset's)."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Run length in steps (instead of "
+                                                                      "--epochs)."),
     max_time: Optional[str] = typer.Option(None, "--max-time", help="Train this long in all (resumed parts "
                                                                     "included), then stop with a checkpoint: 90s, "
-                                                                    "30m, 2h."),
-    n_negative_samples: Optional[int] = typer.Option(None, "--n-negative-samples"),
-    dropout: Optional[float] = typer.Option(None, "--dropout"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 (autocast)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
+                                                                    "30m, 2h (default: laptop 1h, others none)."),
+    n_negative_samples: Optional[int] = typer.Option(None, "--n-negative-samples", help="Sampled-softmax "
+                                                     "negatives per step (default: the preset's; at least the "
+                                                     "vocabulary size means the full softmax)."),
+    dropout: Optional[float] = typer.Option(None, "--dropout", help="Dropout on the LSTM inputs and outputs "
+                                                                    "(default: the preset's)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of initialisation, data order and sampling "
+                                                            "(default 0); same seed and threads: same model."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when torch sees a GPU, else the "
+                                                                "CPU) | cpu | cuda | cuda:N (default auto)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 (autocast) (default fp32)."),
+    threads: Optional[int] = threads_option(),
     validation: Optional[Path] = typer.Option(None, "--validation", help="Held-out shards (same vocabulary): "
                                                                          "full-softmax perplexity as training goes, "
                                                                          "beside a Kneser-Ney reference."),
     validation_every: Optional[int] = typer.Option(None, "--validation-every", help="Steps between validations "
-                                                                                    "(default: 20 in a run)."),
+                                                                                    "(default: 20 in a run, and at "
+                                                                                    "least every 5-15 minutes)."),
     patience: Optional[int] = typer.Option(None, "--patience", help="Stop after this many validations without "
-                                                                    "improvement."),
+                                                                    "improvement (default: never)."),
     no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the Kneser-Ney reference."),
-    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints "
+                                                                                    "(default: the preset's, and "
+                                                                                    "every 30 minutes)."),
     resume: bool = typer.Option(False, "--resume", help="Continue exactly from the newest checkpoint in --output "
                                                         "(the command that started the run may be repeated as it "
                                                         "was; only its length may change)."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a trained model directory "
-                                                                       "(fine-tuning)."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a trained biLM (fine-tuning): "
+                                                                       "a model directory, or an options.json "
+                                                                       "file with its weights beside it or given "
+                                                                       "by --weights."),
+    options: Optional[Path] = typer.Option(None, "--options", help="bilm-tf options.json to start from, with "
+                                                                   "--weights (the same as --init-from)."),
+    weights: Optional[Path] = weights_option("--init-from"),
     reset_softmax: bool = typer.Option(False, "--reset-softmax", help="With --init-from: re-initialise the "
                                                                       "softmax."),
 ) -> None:
@@ -263,8 +278,13 @@ def cli_train(
         from elmo_cli.presets import load_config
         from elmo_cli.train_config import parse_duration
 
-        if reset_softmax and init_from is None:
-            raise ElmoError("--reset-softmax only applies with --init-from MODEL_DIR")
+        start_from = None
+        if init_from is not None or options is not None or weights is not None:
+            from elmo_cli.loading import model_files
+
+            start_from = model_files(init_from, options, weights)
+        if reset_softmax and start_from is None:
+            raise ElmoError("--reset-softmax only applies with --init-from MODEL")
         fresh = not resume or config is not None or preset is not None
         cfg = load_config(config, preset) if fresh else training.resume_config(output)
         cfg = cfg.with_training(
@@ -277,7 +297,7 @@ def cli_train(
         report = _TrainReport(rank0)
         try:
             result = training.train(cfg, data, output, validation_dir=validation, resume=resume,
-                                    init_from=init_from, reset_softmax=reset_softmax, on_step=report)
+                                    init_from=start_from, reset_softmax=reset_softmax, on_step=report)
         finally:
             report.stop()
         if not rank0:
@@ -372,13 +392,10 @@ def _evaluate_table(title: str, result, baselines: dict[str, dict], exclude_unk:
 def cli_evaluate(
     data: List[str] = typer.Argument(..., help="Text files (globs, - for stdin, .gz) tokenized with the model's "
                                                "own vocabulary or SentencePiece model, or shard directories."),
-    model: Optional[Path] = typer.Option(None, "--model", help="Model directory with softmax.hdf5 and vocab.txt "
-                                                               "(a training run directory or an export)."),
-    options: Optional[Path] = typer.Option(None, "--options", help="bilm-tf options.json (with --weights, "
-                                                                   "instead of --model)."),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="bilm-tf weights.hdf5 (with --options)."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Sentences per batch (results do not depend on it "
-                                                            "unless --stateful)."),
+    model: Optional[Path] = model_option(),
+    options: Optional[Path] = options_option(),
+    weights: Optional[Path] = weights_option(),
+    batch_size: int = batch_size_option("Sentences per batch (results do not depend on it unless --stateful)"),
     per_sentence: Optional[Path] = typer.Option(None, "--per-sentence", dir_okay=False,
                                                 help="Write one JSON line per input line: index, source, words, "
                                                      "tokens, forward_logprob, backward_logprob."),
@@ -396,8 +413,9 @@ def cli_evaluate(
                                                        help="The text files or shard directories the references "
                                                             "are counted from (repeatable)."),
     kn_order: int = typer.Option(5, "--kn-order", help="Order of the Kneser-Ney reference (1-9)."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1 or auto."),
-    errors: str = typer.Option("strict", "--errors", help="Invalid UTF-8 in DATA: strict (stop) or replace."),
+    device: str = device_option(),
+    threads: Optional[int] = threads_option(),
+    errors: str = errors_option("DATA"),
 ) -> None:
     """Perplexity of a biLM with the full softmax in both directions (forward, backward and their average),
     beside Kneser-Ney and unigram references on the same targets.
@@ -409,11 +427,12 @@ def cli_evaluate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from elmo_cli.evaluate import evaluate
-    from elmo_cli.loading import load_model
+    from elmo_cli.loading import load_model, set_threads
 
     with _user_errors():
         kinds, train = list(baseline or []), list(baseline_train or [])
         _check_baseline_args(kinds, train, kn_order)
+        set_threads(threads)
         loaded = load_model(model, options, weights, device)
         with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
@@ -430,24 +449,19 @@ def cli_evaluate(
         out["baselines"] = refs
         typer.echo(json.dumps(out))
         return
-    console.print(_evaluate_table(f"evaluate {model or weights}", result, refs, exclude_unk))
+    console.print(_evaluate_table(f"evaluate {loaded.source}", result, refs, exclude_unk))
     console.print(f"full softmax over {result.vocab_size:,} words, no dropout; {mode}", highlight=False)
     if per_sentence is not None:
         console.print(f"per-sentence scores: {per_sentence}", highlight=False)
 
 
 # ---- export, dump-embeddings, dump-token-embeddings (issue: embeddings) ----------------------------------------
-_MODEL_HELP = "Model directory (a run directory or an `export` output)."
-_OPTIONS_HELP = "bilm-tf options.json (with --weights, instead of --model)."
-_WEIGHTS_HELP = "bilm-tf weights.hdf5 (with --options, instead of --model)."
-
-
 @command(app, "export")
 def cli_export(
-    model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
-    output: Path = typer.Option(..., "--output", help="Directory to create."),
-    options: Optional[Path] = typer.Option(None, "--options", help=_OPTIONS_HELP),
-    weights: Optional[Path] = typer.Option(None, "--weights", help=_WEIGHTS_HELP),
+    model: Optional[Path] = model_option(),
+    output: Path = output_option("Directory to create."),
+    options: Optional[Path] = options_option(),
+    weights: Optional[Path] = weights_option(),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
 ) -> None:
     """Write a clean prediction directory: options.json (n_characters 262), weights.hdf5, softmax.hdf5, vocab.txt,
@@ -466,28 +480,30 @@ def cli_export(
 def cli_dump_embeddings(
     input: Path = typer.Argument(..., help="Text file, one sentence per line (tokens split on whitespace, or "
                                            "by the model's spm.model)."),
-    output: Path = typer.Argument(..., help="HDF5 file to write: one dataset per line, key = 0-based index."),
-    model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
-    options: Optional[Path] = typer.Option(None, "--options", help=_OPTIONS_HELP),
-    weights: Optional[Path] = typer.Option(None, "--weights", help=_WEIGHTS_HELP),
+    output_arg: Optional[Path] = typer.Argument(None, metavar="OUTPUT", help="HDF5 file to write: one dataset per "
+                                                "line, key = 0-based index (or give --output)."),
+    output_opt: Optional[Path] = output_option("The HDF5 file to write (instead of the OUTPUT argument).",
+                                               required=False),
+    model: Optional[Path] = model_option(),
+    options: Optional[Path] = options_option(),
+    weights: Optional[Path] = weights_option(),
     layers: str = typer.Option("all", "--layers", help=MODES_HELP),
     mix: Optional[str] = typer.Option(None, "--mix", help="W0,W1,W2: dump gamma * sum_k W_k * layer_k (n, 2P); "
                                                          "replaces --layers."),
     gamma: float = typer.Option(1.0, "--gamma", help="Scale of --mix."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Sentences per batch."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | float16."),
+    batch_size: int = batch_size_option(),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | float16 (the stored vectors)."),
     compression: str = typer.Option("none", "--compression", help="none | gzip | lzf."),
     stateful: bool = typer.Option(False, "--stateful", help="Carry LSTM state between batches (legacy; output "
                                                             "then depends on order and batch size)."),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+    device: str = device_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted dump from OUTPUT.partial."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
     no_sentence_index: bool = typer.Option(False, "--no-sentence-index", help="Leave out sentence_to_index."),
     token_cache: Optional[Path] = typer.Option(None, "--token-cache", help="A dump-token-embeddings file: its "
                                                                            "tokens skip the character CNN."),
-    errors: str = typer.Option("strict", "--errors", help="strict: stop at invalid UTF-8 | replace: use U+FFFD."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's "
-                                                                   "choice; 1 is faster on a busy machine)."),
+    errors: str = errors_option("INPUT"),
+    threads: Optional[int] = threads_option(),
     compute_dtype: str = typer.Option("fp32", "--compute-dtype", help="fp32 (exact) | bf16: the LSTMs' matrix "
                                                                       "products in bfloat16 (approximate; CPUs "
                                                                       "with AVX512-BF16/AMX, GPUs)."),
@@ -509,6 +525,7 @@ def cli_dump_embeddings(
         from elmo_cli.layers import LayerSelection
         from elmo_cli.loading import load_model
 
+        output = pick_output(output_arg, output_opt)
         select = LayerSelection.parse(layers, mix, gamma)
         loaded = load_model(model, options, weights, device)
         show = is_main_process()
@@ -547,11 +564,12 @@ def cli_dump_embeddings(
 @command(app, "dump-token-embeddings")
 def cli_dump_token_embeddings(
     vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file, one token per line."),
-    output: Path = typer.Option(..., "--output", help="HDF5 file: embedding (V, P), as bilm-tf's."),
-    model: Optional[Path] = typer.Option(None, "--model", help=_MODEL_HELP),
-    options: Optional[Path] = typer.Option(None, "--options", help=_OPTIONS_HELP),
-    weights: Optional[Path] = typer.Option(None, "--weights", help=_WEIGHTS_HELP),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | auto."),
+    output: Path = output_option("HDF5 file: embedding (V, P), as bilm-tf's."),
+    model: Optional[Path] = model_option(),
+    options: Optional[Path] = options_option(),
+    weights: Optional[Path] = weights_option(),
+    device: str = device_option(),
+    threads: Optional[int] = threads_option(),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
 ) -> None:
     """Token-encoder output of every vocabulary line (bilm-tf's token cache); use it with dump-embeddings
@@ -561,8 +579,9 @@ def cli_dump_token_embeddings(
     """
     with _user_errors():
         from elmo_cli.dump import dump_token_embeddings
-        from elmo_cli.loading import load_model
+        from elmo_cli.loading import load_model, set_threads
 
+        set_threads(threads)
         loaded = load_model(model, options, weights, device)
         path, n = dump_token_embeddings(loaded, vocab, output, force)
         console.print(f"wrote {path}: {n} tokens x {loaded.model.config.lstm.projection_dim}", highlight=False)
@@ -572,8 +591,8 @@ def cli_dump_token_embeddings(
 @command(app, "plot")
 def cli_plot(
     runs: List[Path] = typer.Argument(..., help="Run directories (with metrics.jsonl), drawn side by side."),
-    output: Optional[Path] = typer.Option(None, "--output", help="PNG to write (default: RUN/curves.png of the "
-                                                                 "first run)."),
+    output: Optional[Path] = output_option("PNG to write (default: RUN/curves.png of the first run).",
+                                           required=False),
 ) -> None:
     """Draw training curves: sampled training loss, held-out perplexity against steps and minutes with the
     Kneser-Ney reference, and tokens per second.

@@ -1,5 +1,5 @@
-"""The two consoles every command prints to, `user_errors`: how an `ElmoError` reaches the user, and `command`:
-how a command's help is laid out.
+"""The two consoles every command prints to, `user_errors`: how an `ElmoError` reaches the user, `command`:
+how a command's help is laid out, and the options every command shares (`model_option`, `device_option`, ...).
 
 Each command body (in `elmo_cli.cli` and the `task` sub-app) runs inside ``with user_errors():``, which turns an
 `ElmoError` into ``error: <message>`` on stderr and exit code 1; any other exception is a bug and keeps its
@@ -13,6 +13,7 @@ from typing import Iterator
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 from vocab.errors import ElmoError
 
@@ -41,14 +42,125 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(code=130)
 
 
-def command(app, name: str):
-    """``@app.command(name)`` with the docstring's closing ``Example:`` paragraph moved to the epilog, so a
-    command's ``--help`` ends with its example line (after the options)."""
+def _type_name(param) -> str:
+    """click's classic type names (PATH, INTEGER, ...) for a parameter, never a Python type such as list[str]."""
+    if getattr(param, "metavar", None):
+        return param.metavar
+    name = type(param.type).__name__.lower() if getattr(param, "type", None) is not None else ""
+    for key, label in (("path", "PATH"), ("int", "INTEGER"), ("float", "FLOAT"), ("bool", ""), ("choice", "CHOICE")):
+        if key in name:
+            return label
+    try:  # typer without click types: read its own label (<int>, <list[path]>, ...)
+        label = param.display_type(None).strip("<>")
+    except Exception:
+        return "TEXT"
+    for key, out in (("path", "PATH"), ("int", "INTEGER"), ("float", "FLOAT"), ("bool", "")):
+        if key in label:
+            return out
+    return "TEXT"
+
+
+def _plain(param) -> None:
+    """Show `param` as a user reads it: switches as switches, value types as PATH/INTEGER/TEXT, arguments by
+    their upper-case name in the usage line (``DATA...``, ``[OUTPUT]``)."""
+    if getattr(param, "_elmo_plain", False):
+        return
+    param._elmo_plain = True
+    flag = getattr(param, "is_flag", False) or getattr(param, "count", False)
+    if getattr(param, "param_type_name", "") == "argument":
+        name = (param.metavar or param.name).upper() + ("..." if param.nargs != 1 else "")
+        usage = name if param.required else f"[{name}]"
+        param.display_type_rich = lambda ctx=None: None
+        param.get_usage_pieces = lambda ctx=None: [usage]
+        param.metavar = name
+        return
+    label = "" if flag else _type_name(param)
+    param.display_type_rich = lambda ctx=None: label or None
+    if not flag:
+        param.metavar = label
+
+
+class HelpCommand(TyperCommand):
+    """A Typer command whose --help shows no Python types and loses no text (see `_plain`)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for p in params:
+            _plain(p)
+        return params
+
+
+def command(app, name: str, more: str = ""):
+    """``@app.command(name)`` with plain help (`HelpCommand`) and the docstring's closing ``Example:`` paragraph
+    moved to the epilog, so a command's ``--help`` ends with its example line (after the options); `more` is a
+    paragraph added to the help (a table)."""
     def register(fn):
         doc = inspect.cleandoc(fn.__doc__ or "")
         head, sep, example = doc.rpartition("\n\nExample:")
         if not sep:
-            return app.command(name)(fn)
-        return app.command(name, help=head, epilog="Example:" + example)(fn)
+            head, example = doc, ""
+        if more:
+            head += "\n\n" + more
+        epilog = "\b\nExample: " + example.replace("`", "").strip() if sep else None  # \b: one unwrapped line
+        return app.command(name, help=head, epilog=epilog, cls=HelpCommand)(fn)
 
     return register
+
+
+def app_settings(help: str) -> dict:
+    """The settings every Typer app of elmo-cli uses: help text shown as written (no markup: ``<UNK>`` and
+    ``label<TAB>text`` survive), no shell-completion options, errors without Typer's pretty tracebacks."""
+    return dict(help=help, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                rich_markup_mode=None, context_settings={"max_content_width": 120})
+
+
+# ---- options shared by the commands (one wording, one default everywhere) ---------------------------------------
+DEFAULT_BATCH_SIZE = 64
+
+
+def model_option():
+    return typer.Option(None, "--model", "-m", help="The biLM: a model directory (a training run or an `export`), "
+                        "or an options.json file with its weights file beside it (x_options.json + "
+                        "x_weights.hdf5, as the published ELMo files are named) or given by --weights.")
+
+
+def options_option():
+    return typer.Option(None, "--options", help="bilm-tf options.json, with --weights (the same as --model "
+                                                "OPTIONS.json --weights F).")
+
+
+def weights_option(model_flag: str = "--model"):
+    return typer.Option(None, "--weights", help=f"bilm-tf weights.hdf5: with --options, or with {model_flag} "
+                                                f"OPTIONS.json when the weights file is not named like it.")
+
+
+def device_option():
+    return typer.Option("auto", "--device", help="auto (CUDA when torch sees a GPU, else the CPU) | cpu | cuda | "
+                                                 "cuda:N.")
+
+
+def threads_option():
+    return typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice, one per core).")
+
+
+def batch_size_option(what: str = "Sentences per batch"):
+    return typer.Option(DEFAULT_BATCH_SIZE, "--batch-size", help=f"{what}.")
+
+
+def errors_option(what: str = "the input"):
+    return typer.Option("strict", "--errors", help=f"Invalid UTF-8 in {what}: strict (stop with the file and "
+                                                   f"line) or replace (U+FFFD).")
+
+
+def output_option(help: str, required: bool = True):
+    return typer.Option(... if required else None, "--output", "-o", help=help)
+
+
+def pick_output(positional, option, what: str = "OUTPUT"):
+    """The output of a command that takes it as its last argument (allennlp's habit) or as --output/-o."""
+    if positional is not None and option is not None and positional != option:
+        raise ElmoError(f"{what} given twice ({positional} and --output {option}): give one")
+    out = positional if positional is not None else option
+    if out is None:
+        raise ElmoError(f"missing {what}: give it as the last argument or as --output/-o")
+    return out

@@ -130,19 +130,22 @@ def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]]
 class Embedder:
     """Contextual word vectors from a model directory or bilm-tf files.
 
-    ``Embedder("model/")`` or ``Embedder(options_file="options.json", weight_file="weights.hdf5")``.
+    ``Embedder("model/")``, ``Embedder("elmo_2x4096_512_2048cnn_2xhighway_options.json")`` (the weights file
+    beside it, named with ``weights`` for ``options`` and ``.hdf5``), or
+    ``Embedder(options_file="options.json", weight_file="weights.hdf5")``.
 
     # Parameters
-    model_dir : `str | Path`, optional: a run directory or an `elmo-cli export` output.
-    options_file, weight_file : `str | Path`, optional: bilm-tf's two files, instead of `model_dir`.
-    device : `str`, optional, (default = `"cpu"`): ``cpu``, ``cuda``, ``cuda:1``, or ``auto``.
+    model_dir : `str | Path`, optional: a run directory, an `elmo-cli export` output, or an options.json file.
+    options_file, weight_file : `str | Path`, optional: bilm-tf's two files, instead of `model_dir`; or
+        `weight_file` alone beside an options.json `model_dir` with another name.
+    device : `str`, optional, (default = `"auto"`): ``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:1``.
     token_cache : `str | Path`, optional: a `dump-token-embeddings` file; its tokens skip the char CNN.
     compute_dtype : `str`, optional, (default = `"fp32"`): ``bf16`` runs the LSTMs' matrix products in bfloat16
         (faster on CPUs with AVX512-BF16/AMX and on GPUs; approximate).
     """
 
     def __init__(self, model_dir: str | Path | None = None, *, options_file: str | Path | None = None,
-                 weight_file: str | Path | None = None, device: str = "cpu", token_cache: str | Path | None = None,
+                 weight_file: str | Path | None = None, device: str = "auto", token_cache: str | Path | None = None,
                  compute_dtype: str = "fp32"):
         self.loaded = load_model(model_dir, options_file, weight_file, device)
         self.model = self.loaded.model

@@ -118,12 +118,12 @@ class EvalResult:
 
 # ---- scoring -------------------------------------------------------------------------------------------------
 def _check_model(loaded: LoadedModel) -> tuple[SharedSoftmax, Vocabulary]:
-    where = loaded.directory or "this model"
+    where = loaded.source
     softmax = loaded.model.softmax
     if softmax is None:
         raise ElmoError(f"{where}: the model has no softmax weights (softmax.hdf5), so it cannot score text; "
                         f"published bilm-tf files do not include them. Train a softmax on top of it with "
-                        f"`elmo-cli train --init-from MODEL_DIR ...`, then evaluate the run directory")
+                        f"`elmo-cli train --init-from {where} --data SHARDS --output RUN`, then evaluate RUN")
     vocab = loaded.text.vocab
     if vocab is None:
         raise ElmoError(f"{where}: no vocab.txt; evaluation needs the vocabulary the softmax was trained with")

@@ -1,8 +1,9 @@
 """Loading a model: for prediction (`load_model`), and into a new model for fine-tuning (`init_from`).
 
 Every command that takes a model accepts a model directory (a run directory or an `export` output:
-options.json, weights.hdf5, optional softmax.hdf5, vocab.txt, chars.json, spm.model) or the two bilm-tf files
-`--options F --weights F` in which the published ELMo models are distributed.
+options.json, weights.hdf5, optional softmax.hdf5, vocab.txt, chars.json, spm.model), the path of an options.json
+file with its weights beside it (``x_options.json`` + ``x_weights.hdf5``, as the published ELMo models are named)
+or given as `--weights F`, or the two bilm-tf files `--options F --weights F` (`bilm_format.resolve_model_files`).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from elmo_cli.bilm_format import load_bilm, resolve_model_files
+from elmo_cli.bilm_format import ModelFiles, load_bilm, resolve_model_files
 from elmo_cli.config import ModelConfig, load_options
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import BiLSTMKernel
@@ -26,6 +27,7 @@ class LoadedModel:
     text: TextEncoder  # tokenizer, vocabulary (may be None) and character encoder
     directory: Path | None  # the model directory, when given as one
     device: torch.device
+    source: str = "this model"  # the model as the user gave it (a directory or an options.json), for messages
     _kernels: dict = field(default_factory=dict, repr=False, compare=False)
 
     def lstm_kernel(self, compute_dtype: torch.dtype | None = None) -> BiLSTMKernel:
@@ -38,33 +40,46 @@ class LoadedModel:
 
 
 def resolve_device(device: str | None) -> torch.device:
+    """Every command's device rule: ``auto`` (the default) is CUDA when torch sees a GPU, else the CPU."""
     if device in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ElmoError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+        raise ElmoError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__}"
+                        f"{'' if torch.version.cuda else ', a CPU build'}); use --device cpu or auto")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except RuntimeError:
-        raise ElmoError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:1, ...)") from None
+        raise ElmoError(f"--device {device!r}: not a torch device (auto, cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ElmoError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
-def load_model(model_dir: Path | None = None, options: Path | None = None, weights: Path | None = None,
-               device: str | None = "cpu") -> LoadedModel:
-    """Load a model directory or bilm-tf `options` + `weights` files for prediction."""
-    options_path, weights_path, softmax_path = resolve_model_files(model_dir, options, weights)
-    model = load_bilm(options_path, weights_path, softmax_path)
-    text = TextEncoder.from_dir(model_dir) if model_dir is not None else TextEncoder(chars=ByteChars())
+def model_files(model: Path | ModelFiles | None = None, options: Path | None = None,
+                weights: Path | None = None) -> ModelFiles:
+    """`ModelFiles` from what a command was given (see the module docstring); a `ModelFiles` passes through."""
+    if isinstance(model, ModelFiles):
+        return model
+    return resolve_model_files(model, options, weights)
+
+
+def load_model(model: Path | ModelFiles | None = None, options: Path | None = None, weights: Path | None = None,
+               device: str | None = "auto") -> LoadedModel:
+    """Load a biLM for prediction: a model directory, an options.json path, or bilm-tf `options` + `weights`."""
+    files = model_files(model, options, weights)
+    net = load_bilm(files.options, files.weights, files.softmax)
+    text = TextEncoder.from_dir(files.directory) if files.directory is not None else TextEncoder(chars=ByteChars())
     want = text.chars.n_characters + 1
-    have = model.config.char_cnn.n_characters
+    have = net.config.char_cnn.n_characters
     if want != have:
-        raise ElmoError(f"{options_path}: n_characters is {have} but the character encoder "
+        raise ElmoError(f"{files.options}: n_characters is {have} but the character encoder "
                         f"({text.chars.mode}) needs {want}")
     dev = resolve_device(device)
-    model.to(dev)
-    if text.vocab is not None and model.softmax is not None and len(text.vocab) != model.softmax.vocab_size:
-        raise ElmoError(f"{softmax_path}: softmax has {model.softmax.vocab_size} rows but the vocabulary has "
+    net.to(dev)
+    if text.vocab is not None and net.softmax is not None and len(text.vocab) != net.softmax.vocab_size:
+        raise ElmoError(f"{files.softmax}: softmax has {net.softmax.vocab_size} rows but the vocabulary has "
                         f"{len(text.vocab)} words")
-    return LoadedModel(model, text, Path(model_dir) if model_dir is not None else None, dev)
+    return LoadedModel(net, text, files.directory, dev, str(files))
 
 
 def set_threads(threads: int | None) -> None:
@@ -76,30 +91,29 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def model_architecture(model_dir: Path) -> ModelConfig:
-    """The architecture of a trained model directory (its options.json): fine-tuning keeps its shape."""
-    options, _, _ = resolve_model_files(Path(model_dir), None, None)
-    return load_options(options)
+def model_architecture(model: Path | ModelFiles) -> ModelConfig:
+    """The architecture of a trained model (its options.json): fine-tuning keeps its shape."""
+    return load_options(model_files(model).options)
 
 
-def init_from(model: BiLM, model_dir: Path, encoder: TextEncoder, reset_softmax: bool) -> list[str]:
+def init_from(model: BiLM, source: Path | ModelFiles, encoder: TextEncoder, reset_softmax: bool) -> list[str]:
     """Copy a trained model's encoder and LSTMs into `model`; map softmax rows of words in both vocabularies."""
-    options, weights, softmax_path = resolve_model_files(Path(model_dir), None, None)
-    src = load_bilm(options, weights, softmax_path)
+    files = model_files(source)
+    src = load_bilm(files.options, files.weights, files.softmax)
     notes = []
-    own = TextEncoder.from_dir(model_dir)
+    own = TextEncoder.from_dir(files.directory) if files.directory is not None else TextEncoder(chars=ByteChars())
     if own.chars.to_json() != encoder.chars.to_json():
-        raise ElmoError(f"{model_dir}: its character encoder ({own.chars.mode}) differs from the shards' "
+        raise ElmoError(f"{files}: its character encoder ({own.chars.mode}) differs from the shards' "
                         f"({encoder.chars.mode}); shard the fine-tuning text with the model's chars.json")
     state = {k: v for k, v in src.state_dict().items() if not k.startswith("softmax.")}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(k.startswith("softmax.") for k in missing), (missing, unexpected)
     if reset_softmax or src.softmax is None:
-        notes.append("softmax initialised afresh" + ("" if reset_softmax else f" ({model_dir} has no softmax.hdf5)"))
+        notes.append("softmax initialised afresh" + ("" if reset_softmax else f" ({files} has no softmax.hdf5)"))
         return notes
     old_vocab, new_vocab = own.vocab, encoder.vocab
     if old_vocab is None:
-        raise ElmoError(f"{model_dir}: has softmax.hdf5 but no vocab.txt, so its rows cannot be mapped; "
+        raise ElmoError(f"{files}: has softmax.hdf5 but no vocab.txt, so its rows cannot be mapped; "
                         f"pass --reset-softmax")
     old_index = {t: i for i, t in enumerate(old_vocab.tokens)}
     pairs = [(i, old_index[t]) for i, t in enumerate(new_vocab.tokens) if t in old_index]
@@ -108,6 +122,6 @@ def init_from(model: BiLM, model_dir: Path, encoder: TextEncoder, reset_softmax:
     with torch.no_grad():
         model.softmax.weight[new_ids] = src.softmax.weight[old_ids]
         model.softmax.bias[new_ids] = src.softmax.bias[old_ids]
-    notes.append(f"softmax: {len(pairs)} of {len(new_vocab)} words mapped from {model_dir}, "
+    notes.append(f"softmax: {len(pairs)} of {len(new_vocab)} words mapped from {files}, "
                  f"{len(new_vocab) - len(pairs)} initialised afresh")
     return notes

@@ -86,7 +86,28 @@ PRESETS: dict[str, Preset] = {
     "original": Preset(RunConfig(_published(4096, 512, 2)), "the paper's 2x4096_512_2048cnn_2xhighway, bilm-tf's recipe"),
 }
 
-PRESETS_HELP = "; ".join(f"{name}: {p.about}" for name, p in PRESETS.items()) + f" (default {DEFAULT_PRESET})."
+PRESETS_HELP = f"Recipe: {', '.join(PRESETS)} (default {DEFAULT_PRESET}; the table above)."
+
+
+def _length(t: TrainingConfig) -> str:
+    if t.max_time:
+        return f"{t.max_time / 3600:g} h or {t.epochs:g} ep"
+    return f"{t.max_steps:,} steps" if t.max_steps else f"{t.epochs:g} epochs"
+
+
+def presets_table() -> str:
+    """The presets as a fixed-width table for `train --help`: shape, optimizer, lr, batch, dropout, length, use."""
+    rows = [("preset", "LSTM/proj", "char CNN", "optimizer", "lr", "batch", "drop", "length")]
+    for name, p in PRESETS.items():
+        m, t = p.config.model, p.config.training
+        sched = "" if t.lr_schedule == "constant" else f"+{t.lr_schedule}"
+        rows.append((name, f"{m.lstm.dim}/{m.lstm.projection_dim}",
+                     f"{m.char_cnn.n_filters} x{m.char_cnn.n_highway}hw", f"{t.optimizer}{sched}", f"{t.lr:g}",
+                     str(t.batch_size), f"{t.dropout:g}", _length(t)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines += [f"{name}: {p.about}" for name, p in PRESETS.items()]
+    return "\b\n" + "\n".join(lines)
 
 
 def preset_config(name: str) -> RunConfig:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elmo_cli.bilm_format import save_model_dir
+from elmo_cli.bilm_format import ModelFiles, save_model_dir
 from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
                                  restore_rank, save_checkpoint)
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
@@ -408,7 +408,7 @@ def _improved(best: dict | None, result: dict) -> bool:
 
 # ---- the entry point --------------------------------------------------------------------------------------------
 def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: Path | None = None,
-          resume: bool = False, init_from: Path | None = None, reset_softmax: bool = False,
+          resume: bool = False, init_from: "Path | ModelFiles | None" = None, reset_softmax: bool = False,
           on_step: Callable[[StepInfo], None] | None = None) -> TrainResult:
     """Train (or resume training) a biLM on shards; see the module docstring.
 
@@ -421,7 +421,8 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     validation_dir : optional shards encoded with the same vocabulary: full-softmax perplexity periodically
         (`TrainingConfig.validation_every`) and at the end, beside a Kneser-Ney reference.
     resume : continue exactly from the newest checkpoint in run_dir.
-    init_from : a model directory to start from (fine-tuning); reset_softmax re-initialises its softmax.
+    init_from : the model to start from (fine-tuning): a model directory, an options.json path or `ModelFiles`
+        (`loading.model_files`); reset_softmax re-initialises its softmax.
     on_step : called on rank 0 after every step with a `StepInfo`.
 
     # Returns
@@ -447,7 +448,7 @@ class _Trainer:
     """
 
     def __init__(self, config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None,
-                 resume: bool, init_from: Path | None, reset_softmax: bool):
+                 resume: bool, init_from: "Path | ModelFiles | None", reset_softmax: bool):
         tc = config.training
         self.ddp, self.device = init_distributed(resolve_device(tc.device))
         self.autocast = torch.bfloat16 if tc.dtype == "bf16" else None
@@ -455,7 +456,7 @@ class _Trainer:
             raise ElmoError("--dtype bf16 on CPU needs a torch build with oneDNN; use --dtype fp32")
         self.dataset, self.vdataset = _open_data(data_dir, validation_dir)
         if init_from is not None:  # fine-tuning keeps the trained network's shape
-            config = dataclasses.replace(config, model=model_architecture(Path(init_from)))
+            config = dataclasses.replace(config, model=model_architecture(init_from))
         self.config = config = fit_to_data(config, self.dataset)
         self.tc, self.run_dir = tc, run_dir
         if self.ddp.main:
@@ -479,7 +480,7 @@ class _Trainer:
         self.last_checkpoint: Path | None = latest_checkpoint(run_dir) if ckpt is not None else None
         self.start = time.monotonic()
 
-    def _build(self, init_from: Path | None, reset_softmax: bool) -> None:
+    def _build(self, init_from: "Path | ModelFiles | None", reset_softmax: bool) -> None:
         """Model, identical on every rank (DDP also broadcasts rank 0's parameters), optimizer, data streams."""
         tc, ddp, B = self.tc, self.ddp, self.tc.batch_size
         self.V = len(self.dataset.vocab)
@@ -487,7 +488,7 @@ class _Trainer:
         # DDP cannot all-reduce sparse gradients and Adam(W) cannot take them: then the softmax gradient is dense.
         sparse = tc.sparse_softmax and not ddp.enabled and tc.optimizer == "adagrad"
         self.model = model = BiLM(self.config.model, vocab_size=self.V, dropout=tc.dropout, sparse_softmax=sparse)
-        self.notes = init_from_model(model, Path(init_from), self.dataset.encoder, reset_softmax) \
+        self.notes = init_from_model(model, init_from, self.dataset.encoder, reset_softmax) \
             if init_from is not None and not list_checkpoints(self.run_dir) else []
         model.to(self.device)
         loss = BiLMLoss(model)
@@ -617,7 +618,7 @@ class _Trainer:
 
 
 def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None, resume: bool,
-           init_from: Path | None, reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
+           init_from: "Path | ModelFiles | None", reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
     tr = _Trainer(config, data_dir, run_dir, validation_dir, resume, init_from, reset_softmax)
     tc, run, total = tr.tc, tr.progress, tr.total_steps
     resumed_from = run.step

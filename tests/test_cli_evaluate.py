@@ -61,7 +61,8 @@ def test_missing_model_is_one_line_error(tmp_path):
     _, data = setup(tmp_path)
     r = invoke(["--model", tmp_path / "nope", data])
     assert r.exit_code == 1
-    assert r.stderr.startswith("error:") and "model directory not found" in r.stderr
+    assert r.stderr.startswith("error:") and "nope: not found (--model takes a model directory or an options.json" \
+        in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 

@@ -1,7 +1,7 @@
 """Using a trained task directory: `evaluate_file` (metrics on a labelled file) and `predict_file` (labels for
 raw text or a CoNLL file, written atomically).
 
-The biLM is loaded from the directory recorded in the task's config.json (``elmo_model``) when the model uses ELMo
+The biLM is loaded from the files recorded in the task's config.json (``elmo_model``, ``elmo_weights``) when the model uses ELMo
 or its tokenizer is the biLM's; ``embeddings`` (a dump-embeddings ``--layers all`` file) is read first if given.
 """
 from __future__ import annotations
@@ -30,15 +30,12 @@ class LoadedTask:
             self.cache.close()
 
 
-def open_task(task_dir: Path, embeddings: Path | None = None, device: str = "cpu") -> LoadedTask:
+def open_task(task_dir: Path, embeddings: Path | None = None, device: str = "auto") -> LoadedTask:
     """The task model with its biLM (and a layer cache) ready; close() it when done."""
     config = read_config(task_dir)
     embedder = None
     if config.tokenizer == "bilm" or (config.uses_elmo and embeddings is None):
-        if config.elmo_model is None or not Path(config.elmo_model).is_dir():
-            raise ElmoError(f"{Path(task_dir) / 'config.json'}: its biLM directory {config.elmo_model} is not "
-                            f"there any more; restore it (or give --embeddings)")
-        embedder = load_embedder(Path(config.elmo_model), device)
+        embedder = load_embedder(config.bilm_files(str(Path(task_dir) / "config.json")), device)
     cache = LayerCache(embedder, precomputed=embeddings) if config.uses_elmo else None
     model = load_task(task_dir, embedder, cache, device)
     tokenize = embedder.tokenize if config.tokenizer == "bilm" else formats.whitespace
@@ -46,7 +43,7 @@ def open_task(task_dir: Path, embeddings: Path | None = None, device: str = "cpu
 
 
 def evaluate_file(task_dir: Path, test_path: Path, fmt: str = "auto", embeddings: Path | None = None,
-                  batch_size: int = 64, device: str = "cpu") -> dict:
+                  batch_size: int = 64, device: str = "auto") -> dict:
     """The task's metrics on a labelled file (see `predict.evaluate_examples`), plus how many sentences were split."""
     task = open_task(task_dir, embeddings, device)
     try:
@@ -61,7 +58,7 @@ def evaluate_file(task_dir: Path, test_path: Path, fmt: str = "auto", embeddings
 
 
 def predict_file(task_dir: Path, input_path: Path, output_path: Path, fmt: str = "auto",
-                 embeddings: Path | None = None, batch_size: int = 64, device: str = "cpu") -> dict:
+                 embeddings: Path | None = None, batch_size: int = 64, device: str = "auto") -> dict:
     """Label every sentence of `input_path`; write CoNLL (token TAB label) for tagging or TSV (label TAB text) for
     classification. Returns counts (sentences, tokens, sentences split)."""
     task = open_task(task_dir, embeddings, device)

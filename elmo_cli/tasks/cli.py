@@ -13,12 +13,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from elmo_cli.console import command, console, err_console, user_errors as _user_errors
+from elmo_cli.console import (app_settings, batch_size_option, command, console, device_option, err_console,
+                              model_option, options_option, output_option, pick_output, threads_option,
+                              user_errors as _user_errors, weights_option)
 from vocab.errors import ElmoError
 
-task_app = typer.Typer(help="Task models on ELMo: tagging (CoNLL, CoNLL-U) and sentence classification (TSV).",
-                       no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                       rich_markup_mode="markdown")
+task_app = typer.Typer(**app_settings("Task models on ELMo: tagging (CoNLL, CoNLL-U) and sentence classification "
+                                      "(TSV)."))
 
 
 def _pct(x: float | None) -> str:
@@ -103,13 +104,15 @@ def cli_train(
     kind: str = typer.Option(..., "--kind", help="tagging | classification"),
     train: Path = typer.Option(..., "--train", help="Training file: CoNLL / CoNLL-U (tagging) or TSV label<TAB>text."),
     dev: Path = typer.Option(..., "--dev", help="Dev file (same format): picks the best epoch."),
-    output: Path = typer.Option(..., "--output", "-o", help="Task directory to write (with --compare: one per arm)."),
-    model: Optional[Path] = typer.Option(None, "--model", help="The biLM directory (a trained run or an export)."),
+    output: Path = output_option("Task directory to write (with --compare: one per arm)."),
+    model: Optional[Path] = model_option(),
+    options: Optional[Path] = options_option(),
+    weights: Optional[Path] = weights_option(),
     no_elmo: bool = typer.Option(False, "--no-elmo", help="Train without ELMo (word embeddings only)."),
     epochs: int = typer.Option(10, "--epochs"),
     max_time: Optional[str] = typer.Option(None, "--max-time", help="Stop after the epoch that passes this: 90s, 30m."),
     batch_size: int = typer.Option(32, "--batch-size"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of initialisation and batch order."),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate."),
     word_vectors: Optional[Path] = typer.Option(None, "--word-vectors", help="GloVe / word2vec text file."),
     min_count: int = typer.Option(1, "--min-count", help="Training words seen fewer times share <UNK>."),
@@ -129,17 +132,23 @@ def cli_train(
     compare: bool = typer.Option(False, "--compare", help="Train (a) no ELMo (b) top layer (c) mix [(d) output]."),
     test: Optional[Path] = typer.Option(None, "--test", help="With --compare: evaluate every arm here (else --dev)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N"),
+    device: str = device_option(),
+    threads: Optional[int] = threads_option(),
 ) -> None:
     """Train a tagger or sentence classifier on the frozen biLM's learned layer mix; keep the best dev epoch.
 
     Example: `elmo-cli task train --kind tagging --train train.conllu --dev dev.conllu --model run/ --output upos/ --compare --test test.conllu`
     """
     with _user_errors():
-        if (model is not None or embeddings is not None) == no_elmo:
-            raise ElmoError("give exactly one of --model ELMO_DIR (or --embeddings F.hdf5) and --no-elmo")
+        from elmo_cli.loading import model_files, set_threads
+
+        bilm = model is not None or options is not None or weights is not None
+        if (bilm or embeddings is not None) == no_elmo:
+            raise ElmoError("give exactly one of --model MODEL (or --embeddings F.hdf5) and --no-elmo")
+        set_threads(threads)
+        bilm_files = model_files(model, options, weights) if bilm else None
         elmo, elmo_layers = _input_layers(layers)
-        s = _settings(kind=kind, train_path=train, dev_path=dev, output=output, model_dir=model,
+        s = _settings(kind=kind, train_path=train, dev_path=dev, output=output, model_dir=bilm_files,
                       embeddings=embeddings, elmo="none" if no_elmo else elmo, elmo_layers=elmo_layers,
                       elmo_output=elmo_output and not no_elmo, layer_norm=layer_norm, epochs=epochs,
                       max_time=max_time, batch_size=batch_size, lr=lr, seed=seed, word_vectors=word_vectors,
@@ -179,17 +188,20 @@ def cli_evaluate(
     task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
     format: str = typer.Option("auto", "--format", help="auto | conll | conllu | tsv"),
     embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="dump-embeddings --layers all file."),
-    batch_size: int = typer.Option(64, "--batch-size"),
+    batch_size: int = batch_size_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
-    device: str = typer.Option("cpu", "--device"),
+    device: str = device_option(),
+    threads: Optional[int] = threads_option(),
 ) -> None:
     """Tagging: token accuracy, macro-F1, conlleval span F1 (BIO/IOB1/BIOES); classification: accuracy, macro-F1.
 
     Example: `elmo-cli task evaluate --task upos/ test.conllu --json`
     """
     with _user_errors():
+        from elmo_cli.loading import set_threads
         from elmo_cli.tasks.apply import evaluate_file
 
+        set_threads(threads)
         m = evaluate_file(task, test, format, embeddings, batch_size, device)
         if m["unknown_labels"]:
             _warn([f"{test}: label(s) unknown at training time, counted wrong: "
@@ -205,20 +217,27 @@ def cli_evaluate(
 @command(task_app, "predict")
 def cli_predict(
     input: Path = typer.Argument(..., help="One sentence per line, or a CoNLL / CoNLL-U file (labels ignored)."),
-    output: Path = typer.Argument(..., help="CoNLL (token TAB label) for tagging, TSV (label TAB text) otherwise."),
+    output_arg: Optional[Path] = typer.Argument(None, metavar="OUTPUT", help="CoNLL (token TAB label) for tagging, "
+                                                "TSV (label TAB text) otherwise (or give --output)."),
+    output_opt: Optional[Path] = output_option("The file to write (instead of the OUTPUT argument).",
+                                               required=False),
     task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
     format: str = typer.Option("auto", "--format", help="auto | text | conll | conllu | tsv"),
     embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="dump-embeddings --layers all file."),
-    batch_size: int = typer.Option(64, "--batch-size"),
-    device: str = typer.Option("cpu", "--device"),
+    batch_size: int = batch_size_option(),
+    device: str = device_option(),
+    threads: Optional[int] = threads_option(),
 ) -> None:
     """Label every sentence of INPUT and write OUTPUT atomically.
 
     Example: `elmo-cli task predict --task upos/ sentences.txt tagged.conll`
     """
     with _user_errors():
+        from elmo_cli.loading import set_threads
         from elmo_cli.tasks.apply import predict_file
 
+        output = pick_output(output_arg, output_opt)
+        set_threads(threads)
         r = predict_file(task, input, output, format, embeddings, batch_size, device)
         if r["split_sentences"]:
             _warn([f"{input}: {r['split_sentences']} sentence(s) longer than the task's max length were split "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -48,7 +49,22 @@ class TaskConfig:
     label_column: str = "upos"  # the CoNLL-U column read as the label
     max_length: int = 200  # longer sentences are split into pieces of this many tokens
     tokenizer: str = "whitespace"  # whitespace | bilm (the biLM's SentencePiece model, via Embedder.tokenize)
-    elmo_model: str | None = None  # the biLM directory, absolute
+    elmo_model: str | None = None  # the biLM: its directory, or its options.json file (then elmo_weights), absolute
+    elmo_weights: str | None = None  # the weights file beside an options.json elmo_model (published models)
+
+    def bilm_files(self, source: str = "config.json"):
+        """The recorded biLM as `ModelFiles`; ElmoError naming `source` when it has moved."""
+        from elmo_cli.bilm_format import ModelFiles, resolve_model_files
+
+        if self.elmo_model is None:
+            raise ElmoError(f"{source}: the task model records no biLM")
+        try:
+            if self.elmo_weights is None:
+                return resolve_model_files(Path(self.elmo_model), None, None)
+            return resolve_model_files(None, Path(self.elmo_model), Path(self.elmo_weights))
+        except ElmoError as e:
+            raise ElmoError(f"{source}: its biLM {self.elmo_model} cannot be loaded any more ({e}); restore it "
+                            f"(or give --embeddings)") from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from elmo_cli.loading import resolve_device
 from elmo_cli.tasks.features import ElmoFeatures, LayerCache
 from elmo_cli.tasks.model import TaskConfig, TaskModel
 from vocab.errors import ElmoError
@@ -76,7 +77,7 @@ def read_config(directory: Path) -> TaskConfig:
     return TaskConfig.from_dict(raw, str(directory / "config.json"))
 
 
-def load_task(directory: Path, embedder=None, cache: LayerCache | None = None, device: str = "cpu"
+def load_task(directory: Path, embedder=None, cache: LayerCache | None = None, device: str = "auto"
               ) -> TaskModel:
     """Rebuild the task model of a task directory, in eval mode. With ELMo, `embedder` (or a `cache` holding
     every sentence) supplies the biLM; the caller loads it from ``config.elmo_model``."""
@@ -88,7 +89,7 @@ def load_task(directory: Path, embedder=None, cache: LayerCache | None = None, d
         model.load_state_dict(state)
     except (RuntimeError, OSError, EOFError) as e:
         raise ElmoError(f"{Path(directory) / 'weights.pt'}: cannot load the task weights ({str(e)[:200]})") from None
-    return model.to(device).eval()
+    return model.to(resolve_device(device)).eval()
 
 
 def build_elmo(config: TaskConfig, embedder, cache: LayerCache | None

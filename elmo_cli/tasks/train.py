@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from elmo_cli.loading import ModelFiles, model_files, resolve_device
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.features import LayerCache
 from elmo_cli.tasks.metrics import primary, primary_name
@@ -37,7 +38,7 @@ class TrainSettings:
     train_path: Path
     dev_path: Path
     output: Path | None = None
-    model_dir: Path | None = None  # the biLM; None = no ELMo (unless `embeddings` holds every sentence)
+    model_dir: "Path | ModelFiles | None" = None  # the biLM; None = no ELMo (unless `embeddings` holds every sentence)
     embeddings: Path | None = None  # a dump-embeddings --layers all file read before running the biLM
     elmo: str = "mix"  # none | top | mix
     elmo_layers: str = "all"  # the layers the input mix uses: all or indices such as "1,2"
@@ -58,7 +59,7 @@ class TrainSettings:
     cache: bool = True
     cache_dtype: str = "float32"
     cache_max_mb: int = 2048
-    device: str = "cpu"
+    device: str = "auto"
 
 
 @dataclass
@@ -76,7 +77,7 @@ class TrainResult:
     warnings: list[str]
 
 
-def load_embedder(model_dir: Path | None, device: str = "cpu"):
+def load_embedder(model_dir: "Path | ModelFiles | None", device: str = "auto"):
     """The biLM as an `Embedder`, or None; a directory without weights is an ElmoError naming the file."""
     if model_dir is None:
         return None
@@ -113,7 +114,17 @@ def task_config(s: TrainSettings, data: TaskData, tokenizer: str) -> TaskConfig:
                       hidden_dim=s.hidden_dim, elmo=s.elmo, elmo_layers=s.elmo_layers,
                       elmo_output=s.elmo_output, layer_norm=s.layer_norm,
                       label_column=s.label_column, max_length=s.max_length, tokenizer=tokenizer,
-                      elmo_model=str(Path(s.model_dir).resolve()) if s.model_dir else None)
+                      **_bilm_record(s.model_dir))
+
+
+def _bilm_record(model) -> dict:
+    """What config.json records of the biLM: its directory, or its options and weights files (absolute)."""
+    if model is None:
+        return {}
+    files = model_files(model)
+    if files.directory is not None:
+        return {"elmo_model": str(files.directory.resolve())}
+    return {"elmo_model": str(files.options.resolve()), "elmo_weights": str(files.weights.resolve())}
 
 
 def init_word_vectors(model: TaskModel, path: Path) -> str:
@@ -143,7 +154,7 @@ def build_model(s: TrainSettings, data: TaskData, embedder, cache: LayerCache | 
         dim, _ = read_vectors(s.word_vectors, set())
         config = replace(config, word_dim=dim)
     elmo_in, elmo_out = build_elmo(config, embedder, cache)
-    model = TaskModel(config, elmo_in, elmo_out).to(s.device)
+    model = TaskModel(config, elmo_in, elmo_out).to(resolve_device(s.device))
     if s.word_vectors is not None:
         notes.append(init_word_vectors(model, s.word_vectors))
     return model, notes
