@@ -64,7 +64,7 @@ def _vocab_table(stats) -> "Table":
     return table
 
 
-@command(app, "build-vocab")
+@command(app, "build-vocab", "Count a corpus into a vocabulary (or SentencePiece).")
 def cli_build_vocab(
     corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
     output: Path = output_option("Vocabulary file to write (bilm-tf format)."),
@@ -108,7 +108,7 @@ def cli_build_vocab(
         console.print(f"wrote {stats.output} ({stats.vocab_size:,} tokens)")
 
 
-@command(app, "shard")
+@command(app, "shard", "Encode a corpus into character-id shards for train.")
 def cli_shard(
     corpus: List[str] = typer.Argument(..., help="Text files, globs, .gz files or - for standard input."),
     vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file (its <stem>.spm.model is used if present)."),
@@ -204,7 +204,7 @@ class _TrainReport:
         self.progress.stop()
 
 
-@command(app, "train", more=presets_table())
+@command(app, "train", "Train a biLM on shards (its help lists the presets).", more=presets_table())
 def cli_train(
     data: Path = typer.Option(..., "--data", help="Shard directory (elmo-cli shard)."),
     output: Path = output_option("Run directory: model files, config.json, metrics.jsonl, checkpoints/."),
@@ -388,7 +388,7 @@ def _evaluate_table(title: str, result, baselines: dict[str, dict], exclude_unk:
     return table
 
 
-@command(app, "evaluate")
+@command(app, "evaluate", "Perplexity of a biLM, beside Kneser-Ney.")
 def cli_evaluate(
     data: List[str] = typer.Argument(..., help="Text files (globs, - for stdin, .gz) tokenized with the model's "
                                                "own vocabulary or SentencePiece model, or shard directories."),
@@ -456,7 +456,7 @@ def cli_evaluate(
 
 
 # ---- export, dump-embeddings, dump-token-embeddings (issue: embeddings) ----------------------------------------
-@command(app, "export")
+@command(app, "export", "Write a model directory that allennlp's Elmo loads.")
 def cli_export(
     model: Optional[Path] = model_option(),
     output: Path = output_option("Directory to create."),
@@ -476,7 +476,7 @@ def cli_export(
         console.print(f"exported {output}: {', '.join(names)}", highlight=False)
 
 
-@command(app, "dump-embeddings")
+@command(app, "dump-embeddings", "Contextual vectors of each line into HDF5 (allennlp).")
 def cli_dump_embeddings(
     input: Path = typer.Argument(..., help="Text file, one sentence per line (tokens split on whitespace, or "
                                            "by the model's spm.model)."),
@@ -561,7 +561,7 @@ def cli_dump_embeddings(
                           f"{dt:.1f} s ({result.tokens / max(dt, 1e-9):,.0f} tokens/s){resumed}", highlight=False)
 
 
-@command(app, "dump-token-embeddings")
+@command(app, "dump-token-embeddings", "Token-layer vectors of a word list (token cache).")
 def cli_dump_token_embeddings(
     vocab: Path = typer.Option(..., "--vocab", help="Vocabulary file, one token per line."),
     output: Path = output_option("HDF5 file: embedding (V, P), as bilm-tf's."),
@@ -588,7 +588,7 @@ def cli_dump_token_embeddings(
 
 
 # ---- plot (training curves) --------------------------------------------------------------------------------------
-@command(app, "plot")
+@command(app, "plot", "Draw training curves of runs (PNG).")
 def cli_plot(
     runs: List[Path] = typer.Argument(..., help="Run directories (with metrics.jsonl), drawn side by side."),
     output: Optional[Path] = output_option("PNG to write (default: RUN/curves.png of the first run).",
@@ -610,7 +610,7 @@ def cli_plot(
 # ---- task models (the `task` sub-app) --------------------------------------------------------------------------
 from elmo_cli.tasks.cli import task_app  # noqa: E402
 
-app.add_typer(task_app, name="task")
+app.add_typer(task_app, name="task", short_help="Taggers and sentence classifiers on ELMo.")
 
 
 if __name__ == "__main__":

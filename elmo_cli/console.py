@@ -90,10 +90,10 @@ class HelpCommand(TyperCommand):
         return params
 
 
-def command(app, name: str, more: str = ""):
+def command(app, name: str, short: str, more: str = ""):
     """``@app.command(name)`` with plain help (`HelpCommand`) and the docstring's closing ``Example:`` paragraph
-    moved to the epilog, so a command's ``--help`` ends with its example line (after the options); `more` is a
-    paragraph added to the help (a table)."""
+    moved to the epilog, so a command's ``--help`` ends with its example line (after the options); `short` is its
+    line in the command list, `more` a paragraph added to the help (a table)."""
     def register(fn):
         doc = inspect.cleandoc(fn.__doc__ or "")
         head, sep, example = doc.rpartition("\n\nExample:")
@@ -102,7 +102,7 @@ def command(app, name: str, more: str = ""):
         if more:
             head += "\n\n" + more
         epilog = "\b\nExample: " + example.replace("`", "").strip() if sep else None  # \b: one unwrapped line
-        return app.command(name, help=head, epilog=epilog, cls=HelpCommand)(fn)
+        return app.command(name, help=head, short_help=short, epilog=epilog, cls=HelpCommand)(fn)
 
     return register
 

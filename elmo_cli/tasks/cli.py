@@ -18,8 +18,7 @@ from elmo_cli.console import (app_settings, batch_size_option, command, console,
                               user_errors as _user_errors, weights_option)
 from vocab.errors import ElmoError
 
-task_app = typer.Typer(**app_settings("Task models on ELMo: tagging (CoNLL, CoNLL-U) and sentence classification "
-                                      "(TSV)."))
+task_app = typer.Typer(**app_settings("Taggers (CoNLL, CoNLL-U) and sentence classifiers (TSV) on ELMo."))
 
 
 def _pct(x: float | None) -> str:
@@ -99,7 +98,7 @@ def _settings(**kw):
     return TrainSettings(**kw)
 
 
-@command(task_app, "train")
+@command(task_app, "train", "Train a tagger or classifier on ELMo.")
 def cli_train(
     kind: str = typer.Option(..., "--kind", help="tagging | classification"),
     train: Path = typer.Option(..., "--train", help="Training file: CoNLL / CoNLL-U (tagging) or TSV label<TAB>text."),
@@ -182,7 +181,7 @@ def cli_train(
                       f"ELMo {_mix_text(result.model.mix_summary())}", highlight=False)
 
 
-@command(task_app, "evaluate")
+@command(task_app, "evaluate", "Metrics of a task model on a labelled file.")
 def cli_evaluate(
     test: Path = typer.Argument(..., help="Labelled file in the training format."),
     task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
@@ -214,7 +213,7 @@ def cli_evaluate(
             console.print(_metrics_table(m, str(test)))
 
 
-@command(task_app, "predict")
+@command(task_app, "predict", "Label sentences with a task model.")
 def cli_predict(
     input: Path = typer.Argument(..., help="One sentence per line, or a CoNLL / CoNLL-U file (labels ignored)."),
     output_arg: Optional[Path] = typer.Argument(None, metavar="OUTPUT", help="CoNLL (token TAB label) for tagging, "
