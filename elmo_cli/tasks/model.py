@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from elmo_cli.tasks.crf import CRF
 from elmo_cli.tasks.features import ElmoFeatures
 from vocab.errors import ElmoError
 
@@ -49,6 +50,8 @@ class TaskConfig:
     label_column: str = "upos"  # the CoNLL-U column read as the label
     max_length: int = 200  # longer sentences are split into pieces of this many tokens
     tokenizer: str = "whitespace"  # whitespace | bilm (the biLM's SentencePiece model, via Embedder.tokenize)
+    crf: bool = False  # tagging: a linear-chain CRF head (Viterbi decoding) instead of per-token softmax
+    span_scheme: str | None = None  # BIO | IOB1 | BIOES: the transitions the CRF may decode (None: all)
     elmo_model: str | None = None  # the biLM: its directory, or its options.json file (then elmo_weights), absolute
     elmo_weights: str | None = None  # the weights file beside an options.json elmo_model (published models)
 
@@ -114,6 +117,12 @@ class TaskModel(nn.Module):
         out_dim = 2 * config.hidden_dim + (elmo_dim if elmo_out is not None else 0)
         self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(out_dim, len(config.labels))
+        self.crf = None
+        if config.crf:
+            if config.kind != "tagging":
+                raise ValueError("a CRF head is for tagging")
+            self.crf = CRF(len(config.labels))
+            self.crf.constrain(config.labels, config.span_scheme)
         self.register_buffer("counts", torch.tensor(config.word_counts, dtype=torch.float32), persistent=False)
 
     def word_ids(self, sentences: list[list[str]]) -> torch.Tensor:
@@ -138,7 +147,8 @@ class TaskModel(nn.Module):
         sentences : B token lists, each non-empty.
 
         # Returns
-        logits `(B, T, C)` for tagging or `(B, C)` for classification, and the bool mask `(B, T)`.
+        logits `(B, T, C)` for tagging (the CRF's emissions when it has one) or `(B, C)` for classification, and
+        the bool mask `(B, T)`.
         """
         ids = self._word_dropout(self.word_ids(sentences))  # (B, T)
         mask = ids != 0

@@ -30,12 +30,17 @@ def fill_cache(model: TaskModel, sentences: list[list[str]]) -> None:
 
 @torch.no_grad()
 def piece_outputs(model: TaskModel, pieces: list[list[str]], batch_size: int = 64) -> list[torch.Tensor]:
-    """Per piece: tagging log-probabilities `(n, C)`, classification `(C,)`; the model is put in eval mode."""
+    """Per piece: tagging log-probabilities `(n, C)` (with a CRF: the Viterbi path's label ids `(n,)`),
+    classification `(C,)`; the model is put in eval mode."""
     model.eval()
     fill_cache(model, pieces)
     out: list[torch.Tensor | None] = [None] * len(pieces)
     for batch in length_batches([len(p) for p in pieces], batch_size):
-        logits, _ = model([pieces[k] for k in batch])  # (B, T, C) or (B, C)
+        logits, mask = model([pieces[k] for k in batch])  # (B, T, C) or (B, C)
+        if model.crf is not None:
+            for k, path in zip(batch, model.crf.decode(logits.float(), mask)):
+                out[k] = torch.tensor(path, dtype=torch.long)
+            continue
         logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         for b, k in enumerate(batch):
             out[k] = logp[b, : len(pieces[k])] if model.config.kind == "tagging" else logp[b]
@@ -52,7 +57,7 @@ def predict_examples(model: TaskModel, examples: list[Example], batch_size: int 
         parts = outputs[k : k + n]
         k += n
         if model.config.kind == "tagging":
-            result.append([labels[i] for part in parts for i in part.argmax(-1).tolist()])
+            result.append([labels[i] for part in parts for i in (part if part.ndim == 1 else part.argmax(-1)).tolist()])
         else:
             result.append(labels[int(torch.stack(parts).mean(0).argmax())])
     return result
