@@ -1,4 +1,4 @@
-"""Embedding files: `dump_embeddings` (text file -> HDF5, spec §6) and `dump_token_embeddings` (the token cache).
+"""Embedding files: `dump_embeddings` (text -> HDF5, docs/formats.md) and `dump_token_embeddings` (the token cache).
 
 A dump reads its input in windows of ``window_batches * batch_size`` lines; within a window the lines are sorted
 by length into batches (stateless) or kept in input order (stateful), embedded by `elmo_cli.embed.embed_batch`,

@@ -1,4 +1,4 @@
-"""The HDF5 embedding layout (spec §6), the token cache, and the partial-file bookkeeping of a dump.
+"""The HDF5 embedding layout (docs/formats.md), the token cache, and the partial-file bookkeeping of a dump.
 
 Embedding dump, one file (what allennlp's ``elmo`` command and bilm-tf's ``dump_bilm_embeddings`` wrote)::
 
