@@ -507,6 +507,13 @@ def cli_dump_embeddings(
     compute_dtype: str = typer.Option("fp32", "--compute-dtype", help="fp32 (exact) | bf16: the LSTMs' matrix "
                                                                       "products in bfloat16 (approximate; CPUs "
                                                                       "with AVX512-BF16/AMX, GPUs)."),
+    use_sentence_keys: bool = typer.Option(False, "--use-sentence-keys", help="Key each dataset by its sentence "
+                                           "(the stripped line) instead of its line index, as allennlp's elmo "
+                                           "--use-sentence-keys; no sentence_to_index then. A repeated sentence is "
+                                           "stored once (allennlp refused repeats): stateless vectors of identical "
+                                           "sentences are identical (with --stateful they are not, and a repeat is "
+                                           "refused). Blank lines, '/' and a lone '.' cannot be HDF5 names: "
+                                           "refused."),
 ) -> None:
     """Embed every line of INPUT into OUTPUT.hdf5 (allennlp `elmo` / bilm-tf layout), stateless by default.
 
@@ -550,6 +557,7 @@ def cli_dump_embeddings(
                 compression=compression, stateful=stateful, resume=resume, force=force,
                 sentence_index=not no_sentence_index, token_cache=token_cache, errors=errors, threads=threads,
                 compute_dtype=compute_dtype,
+                sentence_keys=use_sentence_keys,
                 on_progress=on_progress, on_warning=lambda m: err_console.print(f"[yellow]warning:[/] {m}",
                                                                                 highlight=False))
         finally:

@@ -1,4 +1,4 @@
-"""Embedding files: `dump_embeddings` (text file -> HDF5, spec §6) and `dump_token_embeddings` (the token cache).
+"""Embedding files: `dump_embeddings` (text -> HDF5, docs/formats.md) and `dump_token_embeddings` (the token cache).
 
 A dump reads its input in windows of ``window_batches * batch_size`` lines; within a window the lines are sorted
 by length into batches (stateless) or kept in input order (stateful), embedded by `elmo_cli.embed.embed_batch`,
@@ -6,6 +6,12 @@ reduced by a `LayerSelection` and written in line order, so memory does not grow
 ``OUTPUT.partial`` (layout and bookkeeping: `elmo_cli.h5dump`) and is renamed when complete; ``resume`` continues
 an interrupted run from its last complete window. Under torchrun each rank embeds lines ``i % world == rank``
 into its own part file and rank 0 merges them.
+
+With ``sentence_keys`` (allennlp's ``elmo --use-sentence-keys``) a dataset is named by its sentence, the stripped
+line, instead of its line index: `SentenceKeys` checks every line of a file before anything is written (a blank
+line, a ``/`` or a lone ``.`` cannot be an HDF5 name) and embeds only the first line of each sentence, since the
+stateless vectors of identical sentences are identical (with ``stateful`` they are not: a repeat is refused). The
+partial file keeps its index-named datasets and bookkeeping, and the datasets are renamed at the end.
 """
 from __future__ import annotations
 
@@ -51,6 +57,58 @@ class DumpResult:
     lines: int
     tokens: int
     resumed_from: int
+    repeats: int = 0  # with sentence keys: lines whose sentence came earlier (stored once)
+
+
+class SentenceKeyError(ElmoError):
+    """A line that cannot name its dataset with sentence keys (the dump stops and leaves no partial file)."""
+
+
+def sentence_key(line: str, source: str) -> str:
+    """The dataset name of a line with sentence keys: the stripped line, as allennlp's ``--use-sentence-keys``.
+
+    ``sentence_key(" The cat . ", "in.txt:3") -> "The cat ."``; SentenceKeyError naming ``source`` for a blank
+    line, a ``/`` (HDF5's path separator) or a lone ``.`` (HDF5's name for the group itself).
+    """
+    key = line.strip()
+    if not key:
+        raise SentenceKeyError(f"{source}: blank line, and with --use-sentence-keys a dataset is named by its "
+                               f"sentence (an empty name is not possible); remove blank lines or drop "
+                               f"--use-sentence-keys")
+    if "/" in key:
+        raise SentenceKeyError(f"{source}: the sentence contains '/', the HDF5 path separator, so it cannot name a "
+                               f"dataset; drop --use-sentence-keys (datasets are then keyed by line index)")
+    if key == ".":
+        raise SentenceKeyError(f"{source}: the sentence '.' cannot name a dataset (HDF5 reads '.' as the group "
+                               f"itself); drop --use-sentence-keys (datasets are then keyed by line index)")
+    return key
+
+
+class SentenceKeys:
+    """The sentences of a dump with sentence keys: ``first`` maps each to the 0-based index of its first line, in
+    input order. Only that line is embedded: stateless vectors of identical sentences are identical, so storing
+    one dataset per sentence loses nothing. With ``stateful`` they differ, and a repeat is an error."""
+
+    def __init__(self, stateful: bool):
+        self.stateful = stateful
+        self.first: dict[str, int] = {}
+
+    def add(self, index: int, source: str, line: str) -> bool:
+        """Record line ``index``; True when it is the first line of its sentence (to embed), False for a repeat.
+        Adding the same line again gives the same answer (a file is checked once before the dump reads it)."""
+        key = sentence_key(line, source)
+        first = self.first.setdefault(key, index)
+        if first != index and self.stateful:
+            raise SentenceKeyError(f"{source}: repeats line {first + 1}, and with --stateful the vectors of a "
+                                   f"sentence depend on the lines before it, so one key cannot hold both; drop "
+                                   f"--stateful (stateless repeats are identical and stored once) or "
+                                   f"--use-sentence-keys")
+        return first == index
+
+    def check_file(self, path: Path, errors: str) -> None:
+        """Add every line of ``path``: a bad line stops the dump before anything is written."""
+        for i, (display, lineno, line) in enumerate(read_lines([str(path)], errors=errors)):
+            self.add(i, f"{display}:{lineno}", line)
 
 
 def release_free_memory() -> None:
@@ -102,9 +160,11 @@ def _check_arguments(input_path: Path, output: Path, select: LayerSelection, n_l
 class _Window:
     """Embeds and writes one window of lines at a time into the open partial file (this rank's share)."""
 
-    def __init__(self, f: h5py.File, loaded: LoadedModel, tokens: TokenEmbeddings, select: LayerSelection,
-                 batch_size: int, dtype: str, compression: str, stateful: bool, compute_dtype: str):
+    def __init__(self, f: h5py.File, lines: h5py.Group, loaded: LoadedModel, tokens: TokenEmbeddings,
+                 select: LayerSelection, batch_size: int, dtype: str, compression: str, stateful: bool,
+                 compute_dtype: str):
         self.f, self.model, self.device, self.tokens = f, loaded.model, loaded.device, tokens
+        self.line_group = lines  # where line datasets go: the root, or h5dump.LINES_GROUP with sentence keys
         self.select, self.batch_size, self.dtype, self.compression = select, batch_size, dtype, compression
         self.stateful = stateful
         self.lstm = None if stateful else loaded.lstm_kernel(compute_dtype_of(compute_dtype))
@@ -125,8 +185,10 @@ class _Window:
         # Created in line order, so the file lists them in input order, and closed at once: an open HDF5 dataset
         # keeps its own buffers (a window's worth of open datasets cost more memory than the model itself).
         for i, toks in items:
-            h5dump.create_line_dataset(self.f, i, self.select.shape(L1, len(toks), D), self.dtype, self.compression)
-        for batch in self.batches(items):
+            h5dump.create_line_dataset(self.line_group, i, self.select.shape(L1, len(toks), D), self.dtype,
+                                       self.compression)
+        batches = self.batches(items)
+        for batch in batches:
             if self.stateful:
                 self.states = zero_states((self.model.forward_lstm, self.model.backward_lstm), len(batch),
                                           self.device) if self.states is None else fit_both(self.states, len(batch))
@@ -136,13 +198,15 @@ class _Window:
                 self.states = new_states
             for b, k in enumerate(batch):
                 if n[b]:
-                    h5dump.write_line(self.f, items[k][0], self.select.reduce(out[:, b, 1 : n[b] + 1]))
+                    h5dump.write_line(self.line_group, items[k][0], self.select.reduce(out[:, b, 1 : n[b] + 1]))
             del out
             release_free_memory()
             self.lines += len(batch)
             self.tokens_done += sum(n)
             report()
         h5dump.mark_completed(self.f, end)
+        if not batches:  # a window of blank or repeated lines only: the progress still moves
+            report()
 
 
 def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
@@ -151,7 +215,7 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
                     sentence_index: bool = True, token_cache: Path | None = None, errors: str = "strict",
                     window_batches: int = WINDOW_BATCHES, threads: int | None = None, compute_dtype: str = "fp32",
                     on_progress: Callable[[DumpProgress], None] | None = None,
-                    on_warning: Callable[[str], None] | None = None) -> DumpResult:
+                    on_warning: Callable[[str], None] | None = None, sentence_keys: bool = False) -> DumpResult:
     """Embed every line of a text file into one HDF5 file (see the module docstring).
 
     # Parameters
@@ -160,6 +224,8 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     threads : torch's CPU threads for this dump (default: torch's choice).
     compute_dtype : ``fp32`` (exact, the default) or ``bf16``: the LSTMs' matrix products in bfloat16, states and
         elementwise work in fp32 (approximate; stateless only).
+    sentence_keys : name each dataset by its stripped line instead of its index, one per distinct sentence, no
+        ``sentence_to_index`` (see the module docstring); ``sentence_index`` is then ignored.
     """
     output, input_path = Path(output), Path(input_path)
     select = layers if isinstance(layers, LayerSelection) else LayerSelection.parse(layers)
@@ -191,14 +257,17 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
         **select.settings(), "dtype": dtype, "compression": compression, "stateful": stateful,
         "batch_size": batch_size if stateful else None, "model": model_fingerprint(loaded.model),
         "compute_dtype": compute_dtype,
-        "world_size": world,
+        "world_size": world, "sentence_keys": sentence_keys,
     }
+    keys = SentenceKeys(stateful) if sentence_keys else None
+    if keys is not None and str(input_path) != STDIN:
+        keys.check_file(input_path, errors)  # standard input is checked as it is read
     total = count_lines(input_path)
     my_total = None if total is None else len(range(rank, total, world))
     part = h5dump.partial_path(output, rank if world > 1 else None)
     f, completed = h5dump.open_partial(part, settings, resume)
-    window = _Window(f, loaded, token_embeddings(loaded, token_cache), select, batch_size, dtype, compression,
-                     stateful, compute_dtype)
+    window = _Window(f, h5dump.line_group(f, sentence_keys), loaded, token_embeddings(loaded, token_cache), select,
+                     batch_size, dtype, compression, stateful, compute_dtype)
     window.lines = len(range(rank, completed, world))
 
     def report() -> None:
@@ -209,26 +278,38 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
         report()
         n_lines, index = _embed_windows(input_path, errors, loaded.text.tokenize, completed, rank, world,
                                         max(1, window_batches) * batch_size, window, report,
-                                        sentence_index and rank == 0)
+                                        sentence_index and rank == 0 and keys is None, keys)
         if world == 1:
             h5dump.strip_bookkeeping(f)
-            if sentence_index:
+            if keys is not None:
+                h5dump.name_by_sentence(f, keys.first)
+            elif sentence_index:
                 h5dump.write_sentence_index(f, index)
             f.close()
             publish(part, output)
         else:
             f.close()
-            _merge_ranks(output, rank, world, n_lines, index if sentence_index else None)
+            _merge_ranks(output, rank, world, n_lines, index if sentence_index and keys is None else None, keys)
+    except SentenceKeyError:  # a bad line of standard input: the partial file can never be completed
+        f.close()
+        part.unlink(missing_ok=True)
+        raise
     finally:
         if f.id.valid:
             f.close()
-    return DumpResult(output, n_lines, window.tokens_done, completed)
+    repeats = n_lines - len(keys.first) if keys is not None else 0
+    if repeats and on_warning and rank == 0:
+        on_warning(f"--use-sentence-keys: {repeats} line(s) repeat an earlier sentence and share its dataset "
+                   f"(stateless vectors of identical sentences are identical): {len(keys.first)} datasets for "
+                   f"{n_lines} lines")
+    return DumpResult(output, n_lines, window.tokens_done, completed, repeats)
 
 
 def _embed_windows(input_path: Path, errors: str, tokenize: Callable[[str], list[str]], completed: int, rank: int,
-                   world: int, size: int, window: _Window, report: Callable[[], None], index: bool
-                   ) -> tuple[int, dict[str, str]]:
-    """Read the input once, handing this rank's lines past ``completed`` to `window` ``size`` lines at a time.
+                   world: int, size: int, window: _Window, report: Callable[[], None], index: bool,
+                   keys: SentenceKeys | None = None) -> tuple[int, dict[str, str]]:
+    """Read the input once, handing this rank's lines past ``completed`` to `window` ``size`` lines at a time
+    (with ``keys``, only the first line of each sentence; every line is added to ``keys``, resumed ones too).
 
     # Returns
     the number of input lines and ``sentence_to_index`` (empty unless ``index``).
@@ -237,13 +318,17 @@ def _embed_windows(input_path: Path, errors: str, tokenize: Callable[[str], list
     pending: list[tuple[int, list[str]]] = []
     start = completed
     i = -1
-    for i, (_, _, line) in enumerate(read_lines([str(input_path)], errors=errors)):
+    for i, (display, lineno, line) in enumerate(read_lines([str(input_path)], errors=errors)):
+        first = keys is None or keys.add(i, f"{display}:{lineno}", line)
         if index:
             sentence_to_index[line.strip()] = str(i)
         if i < completed:
             continue
         if i % world == rank:
-            pending.append((i, tokenize(line)))
+            if first:
+                pending.append((i, tokenize(line)))
+            else:
+                window.lines += 1  # a repeated sentence: its dataset is the first line's
         if i + 1 - start >= size:
             window.write(pending, i + 1, report)
             pending, start = [], i + 1
@@ -252,8 +337,10 @@ def _embed_windows(input_path: Path, errors: str, tokenize: Callable[[str], list
     return i + 1, sentence_to_index
 
 
-def _merge_ranks(output: Path, rank: int, world: int, n_lines: int, sentence_to_index: dict | None) -> None:
-    """After a barrier rank 0 copies every rank's part, in line order, into one file; the others wait for it."""
+def _merge_ranks(output: Path, rank: int, world: int, n_lines: int, sentence_to_index: dict | None,
+                 keys: SentenceKeys | None = None) -> None:
+    """After a barrier rank 0 copies every rank's part, in line order, into one file (with ``keys``, each
+    sentence's dataset from the part of its first line, named by the sentence); the others wait for it."""
     import torch.distributed as dist
 
     dist.barrier()
@@ -262,10 +349,12 @@ def _merge_ranks(output: Path, rank: int, world: int, n_lines: int, sentence_to_
         tmp = h5dump.partial_path(output)
         handles = [h5py.File(p, "r") for p in parts]
         try:
+            names = ([(i, str(i)) for i in range(n_lines)] if keys is None else
+                     [(i, sentence) for sentence, i in keys.first.items()])
             with h5py.File(tmp, "w", track_order=True) as f:
-                for i in range(n_lines):
+                for i, name in names:
                     src = handles[i % world]
-                    src.copy(src[str(i)], f, name=str(i))
+                    src.copy(src[h5dump.line_path(i, keys is not None)], f, name=name)
                 if sentence_to_index is not None:
                     h5dump.write_sentence_index(f, sentence_to_index)
         finally:

@@ -1,4 +1,4 @@
-"""The HDF5 embedding layout (spec §6), the token cache, and the partial-file bookkeeping of a dump.
+"""The HDF5 embedding layout (docs/formats.md), the token cache, and the partial-file bookkeeping of a dump.
 
 Embedding dump, one file (what allennlp's ``elmo`` command and bilm-tf's ``dump_bilm_embeddings`` wrote)::
 
@@ -6,6 +6,9 @@ Embedding dump, one file (what allennlp's ``elmo`` command and bilm-tf's ``dump_
                              layers=all      (L+1, n_tokens, 2P)   other selections: `elmo_cli.layers`
                            an empty line keeps its key with n_tokens = 0 (indices never shift)
     sentence_to_index      shape (1,), variable-length UTF-8 string: JSON {stripped line: "index"}, last index wins
+
+With sentence keys (allennlp's ``elmo --use-sentence-keys``) each dataset is named by its stripped line instead,
+one per distinct sentence, in the order of first appearance, and there is no ``sentence_to_index``.
 
 Token cache (bilm-tf's ``dump_token_embeddings``)::
 
@@ -16,7 +19,9 @@ Token cache (bilm-tf's ``dump_token_embeddings``)::
 While a dump runs it writes ``OUTPUT.partial`` (``OUTPUT.partial.rank{r}`` per rank under torchrun) and renames it to
 OUTPUT only when complete. The partial file carries two attributes that the final file never has:
 ``elmo_cli_settings`` (JSON of what determines the output, checked by ``--resume``) and ``elmo_cli_completed``
-(lines [0, completed) are fully written; a dataset at or beyond it may be half-written and is redone).
+(lines [0, completed) are fully written; a dataset at or beyond it may be half-written and is redone). A dump with
+sentence keys keeps its datasets under index names in the group ``LINES_GROUP`` of the partial file, so this
+bookkeeping is the same, and `name_by_sentence` moves them to their sentences when the dump is complete.
 """
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ SETTINGS_ATTR = "elmo_cli_settings"
 COMPLETED_ATTR = "elmo_cli_completed"
 DTYPES = {"float32": np.float32, "float16": np.float16}
 COMPRESSIONS = ("none", "gzip", "lzf")
+# The partial file's group of a sentence-keyed dump. Keys are stripped lines, so a name that starts with a space is
+# never one: moving the datasets to their sentences cannot collide with it.
+LINES_GROUP = " lines"
 
 _STR = h5py.string_dtype(encoding="utf-8")
 
@@ -67,8 +75,9 @@ def open_partial(path: Path, settings: dict, resume: bool) -> tuple[h5py.File, i
             raise ElmoError(f"{path}: cannot resume, the interrupted dump used different "
                             f"{', '.join(diff)}; run again without --resume (or with the same options)")
         completed = int(f.attrs.get(COMPLETED_ATTR, 0))
-        for key in [k for k in f.keys() if k.isdigit() and int(k) >= completed]:
-            del f[key]  # possibly half-written: redo it
+        lines = f[LINES_GROUP] if LINES_GROUP in f else f
+        for key in [k for k in lines.keys() if k.isdigit() and int(k) >= completed]:
+            del lines[key]  # possibly half-written: redo it
         return f, completed
     try:
         f = h5py.File(path, "w", track_order=True)  # keys listed in creation (= line) order
@@ -79,7 +88,7 @@ def open_partial(path: Path, settings: dict, resume: bool) -> tuple[h5py.File, i
     return f, 0
 
 
-def create_line_dataset(f: h5py.File, index: int, shape: tuple[int, ...], dtype: str = "float32",
+def create_line_dataset(f: h5py.Group, index: int, shape: tuple[int, ...], dtype: str = "float32",
                         compression: str = "none") -> h5py.Dataset:
     """One line's dataset, key ``str(index)``, filled later; empty ones are never compressed (HDF5 cannot chunk
     a zero-size dataset)."""
@@ -89,12 +98,31 @@ def create_line_dataset(f: h5py.File, index: int, shape: tuple[int, ...], dtype:
     return f.create_dataset(str(index), shape=shape, dtype=DTYPES[dtype], **kwargs)
 
 
-def write_line(f: h5py.File, index: int, data: np.ndarray) -> None:
+def write_line(f: h5py.Group, index: int, data: np.ndarray) -> None:
     """Fill line `index`'s dataset (made by `create_line_dataset`, same shape) with `data`, converting to the
     file's dtype. Through h5py's low-level API: a third of the time per line of ``f[key][...] = data``."""
     data = np.ascontiguousarray(data)
     # An explicit memory space makes HDF5 check that the shapes agree (h5s.ALL would trust the buffer).
     h5py.h5d.open(f.id, str(index).encode()).write(h5py.h5s.create_simple(data.shape), h5py.h5s.ALL, data)
+
+
+def line_group(f: h5py.File, sentence_keys: bool) -> h5py.Group:
+    """Where a partial file keeps its line datasets: the root, or `LINES_GROUP` for a sentence-keyed dump."""
+    return f.require_group(LINES_GROUP) if sentence_keys else f
+
+
+def line_path(index: int, sentence_keys: bool) -> str:
+    """A line's dataset in a partial file: ``"7"``, or ``" lines/7"`` for a sentence-keyed dump."""
+    return f"{LINES_GROUP}/{index}" if sentence_keys else str(index)
+
+
+def name_by_sentence(f: h5py.File, first: dict[str, int]) -> None:
+    """Move each sentence's dataset from `LINES_GROUP` to the root under the sentence (``first`` maps a sentence to
+    the index of its first line, in input order, which becomes the file's order), then drop the group."""
+    for sentence, index in first.items():
+        f.move(line_path(index, True), sentence)
+    if LINES_GROUP in f:
+        del f[LINES_GROUP]
 
 
 def mark_completed(f: h5py.File, completed: int) -> None:

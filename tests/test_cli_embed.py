@@ -169,3 +169,90 @@ def test_model_dir_with_sentencepiece_tokenizes_with_it(tmp_path):
     assert len(pieces) > 6  # pieces, not the 6 whitespace tokens
     with h5py.File(out) as f:
         assert f["0"].shape == (3, len(pieces), 128)
+
+
+def _sentence_keyed_input(tmp_path) -> tuple[Path, list[str]]:
+    """The reference sentences without '/', one with spaces around it, "..." (a valid name), and a repeat of the
+    first."""
+    lines = [line for line in (REFERENCE / "sentences.txt").read_text("utf-8").splitlines() if "/" not in line]
+    lines = lines[:2] + ["  " + lines[2] + " \t", "..."] + lines[3:] + [lines[0]]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, lines
+
+
+def test_sentence_keys_name_datasets_by_sentence(tmp_path):
+    path, lines = _sentence_keyed_input(tmp_path)
+    by_index, by_sentence = tmp_path / "index.hdf5", tmp_path / "keys.hdf5"
+    result, text = _invoke(["dump-embeddings", path, by_index, *MODEL_ARGS, "--batch-size", "4"])
+    assert result.exit_code == 0, text
+    result, text = _invoke(["dump-embeddings", path, by_sentence, *MODEL_ARGS, "--batch-size", "4",
+                            "--use-sentence-keys"])
+    assert result.exit_code == 0, text
+    assert "1 line(s) repeat an earlier sentence" in text and f"{len(lines) - 1} datasets for {len(lines)} lines" \
+        in " ".join(text.split())
+    sentences = [line.strip() for line in lines[:-1]]  # the last line repeats the first
+    with h5py.File(by_index) as want, h5py.File(by_sentence) as got:
+        assert list(got.keys()) == sentences  # the stripped text, in input order, once each, no sentence_to_index
+        for i, line in enumerate(lines):  # equal up to the float order of different batches
+            np.testing.assert_allclose(got[line.strip()][...], want[str(i)][...], atol=1e-5, rtol=0, err_msg=line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "index.hdf5", "keys.hdf5"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("and/or", "in.txt:2: the sentence contains '/', the HDF5 path separator"),
+    ("", "in.txt:2: blank line, and with --use-sentence-keys a dataset is named by its sentence"),
+    (" \t ", "in.txt:2: blank line"),
+    (" . ", "in.txt:2: the sentence '.' cannot name a dataset"),
+])
+def test_sentence_keys_refuse_names_hdf5_cannot_hold(tmp_path, bad, message):
+    path = tmp_path / "in.txt"
+    path.write_text(f"a fine line\n{bad}\nanother line\n", encoding="utf-8")
+    out = tmp_path / "out.hdf5"
+    result, text = _invoke(["dump-embeddings", path, out, *MODEL_ARGS, "--use-sentence-keys"])
+    assert result.exit_code == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and message in " ".join(result.stderr.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no output, no partial file
+
+
+def test_sentence_keys_with_stateful_refuse_a_repeat(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("the cat sat\na dog\nthe cat sat\n", encoding="utf-8")
+    out = tmp_path / "out.hdf5"
+    result, text = _invoke(["dump-embeddings", path, out, *MODEL_ARGS, "--use-sentence-keys", "--stateful"])
+    assert result.exit_code == 1
+    assert "in.txt:3: repeats line 1, and with --stateful the vectors" in " ".join(text.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+    # Without a repeat the carried-state vectors are those of the index-keyed stateful dump.
+    path.write_text("the cat sat\na dog\nthe dog sat\n", encoding="utf-8")
+    for name, extra in (("keys.hdf5", ["--use-sentence-keys"]), ("index.hdf5", [])):
+        result, text = _invoke(["dump-embeddings", path, tmp_path / name, *MODEL_ARGS, "--stateful",
+                                "--batch-size", "1", *extra])
+        assert result.exit_code == 0, text
+    with h5py.File(tmp_path / "keys.hdf5") as got, h5py.File(tmp_path / "index.hdf5") as want:
+        assert list(got.keys()) == ["the cat sat", "a dog", "the dog sat"]
+        for i, key in enumerate(got.keys()):
+            np.testing.assert_allclose(got[key][...], want[str(i)][...], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun not installed")
+def test_torchrun_two_ranks_with_sentence_keys(tmp_path):
+    path, lines = _sentence_keyed_input(tmp_path)
+    out, single = tmp_path / "out.hdf5", tmp_path / "single.hdf5"
+    result, text = _invoke(["dump-embeddings", path, single, *MODEL_ARGS, "--use-sentence-keys"])
+    assert result.exit_code == 0, text
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port", str(port),
+           "-m", "elmo_cli.cli", "dump-embeddings", str(path), str(out), *map(str, MODEL_ARGS), "--batch-size", "3",
+           "--use-sentence-keys"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.hdf5", "single.hdf5"]
+    with h5py.File(out) as got, h5py.File(single) as want:
+        assert list(got.keys()) == list(want.keys()) == [line.strip() for line in lines[:-1]]
+        for key in want:
+            np.testing.assert_allclose(got[key][...], want[key][...], atol=1e-5, rtol=0)

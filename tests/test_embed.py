@@ -288,3 +288,41 @@ def test_slice_states_cuts_and_pads_with_zeros():
     assert small[0][0][0].shape == (1, 3) and small[1][0][1].shape == (1, 5)
     big = slice_states(states, 4)
     assert big[0][0][0].shape == (4, 3) and big[0][0][0][:2].eq(1).all() and big[0][0][0][2:].eq(0).all()
+
+
+def test_sentence_keys_resume_to_the_same_file(loaded, tmp_path):
+    lines = [f"sentence {k % 7} of the input" for k in range(20)]  # 7 distinct sentences, repeated
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "o.hdf5"
+
+    def stop(p: DumpProgress):
+        if p.lines >= 9:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dump_embeddings(loaded, path, out, batch_size=2, window_batches=2, sentence_keys=True, on_progress=stop)
+    with h5py.File(h5dump.partial_path(out)) as f:  # the partial file keeps index names and bookkeeping
+        assert 0 < f.attrs[h5dump.COMPLETED_ATTR] < len(lines) and list(f.keys()) == [h5dump.LINES_GROUP]
+    with pytest.raises(ElmoError, match="sentence_keys"):
+        dump_embeddings(loaded, path, out, batch_size=2, window_batches=2, resume=True)
+    result = dump_embeddings(loaded, path, out, batch_size=2, window_batches=2, sentence_keys=True, resume=True)
+    assert result.resumed_from > 0 and result.repeats == 13 and not h5dump.partial_path(out).exists()
+    dump_embeddings(loaded, path, tmp_path / "ref.hdf5")
+    want, _ = _read(tmp_path / "ref.hdf5")
+    with h5py.File(out) as f:
+        assert list(f.keys()) == lines[:7] and not f.attrs.keys()
+        for i, line in enumerate(lines):
+            np.testing.assert_allclose(f[line][...], want[str(i)], atol=1e-5, rtol=0)
+
+
+def test_sentence_keys_bad_line_on_stdin_leaves_no_partial_file(loaded, tmp_path, monkeypatch):
+    import io
+    import sys
+
+    text = "".join(f"line {k}\n" for k in range(6)) + "either/or\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    out = tmp_path / "o.hdf5"
+    with pytest.raises(ElmoError, match="<stdin>:7: the sentence contains '/'"):
+        dump_embeddings(loaded, Path("-"), out, batch_size=2, window_batches=1, sentence_keys=True)
+    assert list(tmp_path.iterdir()) == []
