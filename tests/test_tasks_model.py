@@ -200,7 +200,17 @@ def test_compare_prints_every_arm(bilm_dir, data, tmp_path):
     assert code == 0, out
     r = json.loads(out.strip().splitlines()[-1])
     assert [a["arm"] for a in r["arms"]] == ["a", "b", "c", "d"]
-    assert r["arms"][0]["absolute"] == 0 and r["arms"][0]["mix"] == {}
+    assert r["arms"][0]["mix"] == {}
+    # each arm's gain is its own accuracy minus the no-ELMo arm's, both re-measured from the saved task models
+    acc = {}
+    for key, slug in zip("abcd", ("a-no-elmo", "b-elmo-top", "c-elmo-mix", "d-elmo-mix-output")):
+        code, out = invoke("evaluate", "--task", tmp_path / "cmp" / slug, data["dev_tsv"], "--json")
+        assert code == 0, out
+        acc[key] = json.loads(out.strip().splitlines()[-1])["accuracy"]
+    for arm in r["arms"]:
+        assert arm["absolute"] == pytest.approx(acc[arm["arm"]] - acc["a"], abs=1e-9), arm["arm"]
+        if acc["a"] < 1:
+            assert arm["relative_error_reduction"] == pytest.approx((acc[arm["arm"]] - acc["a"]) / (1 - acc["a"]))
     assert set(r["arms"][3]["mix"]) == {"input", "output"} and r["arms"][1]["mix"]["input"]["layers"] == "top"
     assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["a-no-elmo", "b-elmo-top", "c-elmo-mix",
                                                                     "d-elmo-mix-output"]
@@ -285,3 +295,79 @@ def test_train_layers_flag_takes_layer_indices(bilm_dir, data, tmp_path):
     code, out = invoke("train", "--kind", "classification", "--train", data["train_tsv"], "--dev", data["dev_tsv"],
                        "--output", tmp_path / "u", "--model", bilm_dir, "--layers", "average")
     assert code == 1 and "--layers 'average'" in out and "learns its own mix" in out
+
+
+# ---- stopping, text errors, the CRF head -----------------------------------------------------------------------------
+def test_training_stops_when_dev_stops_improving(data, tmp_path):
+    s = TrainSettings(kind="tagging", train_path=data["train"], dev_path=data["dev"], output=tmp_path / "t",
+                      elmo="none", epochs=40, patience=2, batch_size=8, lr=0.05, hidden_dim=16, device="cpu")
+    m = train_task(s).metrics
+    assert m["stopped"] == "patience" and m["epochs_run"] == m["best_epoch"] + 2 < 40
+    devs = [h["dev"]["accuracy"] for h in m["history"]]
+    assert max(devs[m["best_epoch"]:]) <= devs[m["best_epoch"] - 1] == max(devs)
+    saved = json.loads((tmp_path / "t" / "metrics.json").read_text())
+    assert saved["stopped"] == "patience" and saved["epochs_run"] == len(saved["history"])
+    m = train_task(TrainSettings(**{**s.__dict__, "patience": 0, "epochs": 3, "output": None})).metrics
+    assert m["stopped"] == "epochs" and m["epochs_run"] == 3
+
+
+def test_invalid_utf8_in_task_data(data, tmp_path):
+    bad = tmp_path / "bad.conll"
+    bad.write_bytes(data["train"].read_bytes() + b"caf\xe9\tNOUN\n\n")
+    line = len(data["train"].read_bytes().splitlines()) + 1
+    code, out = invoke("train", "--kind", "tagging", "--train", bad, "--dev", data["dev"], "--output",
+                       tmp_path / "t", "--no-elmo", "--epochs", "1", "--hidden-dim", "8")
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert code == 1 and len(lines) == 1 and f"bad.conll:{line}: invalid UTF-8" in lines[0]
+    assert "--errors replace" in lines[0] and not (tmp_path / "t").exists()
+    code, out = invoke("train", "--kind", "tagging", "--train", bad, "--dev", data["dev"], "--output",
+                       tmp_path / "t", "--no-elmo", "--epochs", "1", "--hidden-dim", "8", "--errors", "replace")
+    assert code == 0, out
+    code, out = invoke("evaluate", "--task", tmp_path / "t", bad, "--errors", "replace", "--json")
+    assert code == 0, out
+
+
+def _spans(sentences):
+    """The toy grammar's noun phrases as BIO spans: ``DET [ADJ] NOUN`` -> B-NP I-NP I-NP, the rest O."""
+    out = []
+    for words, tags in sentences:
+        labels, inside = [], False
+        for t in tags:
+            if t == "DET":
+                labels.append("B-NP")
+                inside = True
+            elif t in ("ADJ", "NOUN") and inside:
+                labels.append("I-NP")
+            else:
+                labels.append("O")
+                inside = False
+        out.append((words, labels))
+    return out
+
+
+def test_crf_tagger_learns_spans_and_decodes_only_allowed_moves(tmp_path):
+    from elmo_cli.tasks.crf import count_violations
+    from elmo_cli.tasks.store import read_config
+
+    train = write_tagging(tmp_path / "train.conll", _spans(toy_sentences(60, 1)))
+    dev = write_tagging(tmp_path / "dev.conll", _spans(toy_sentences(20, 2)))
+    code, out = invoke("train", "--kind", "tagging", "--train", train, "--dev", dev, "--output", tmp_path / "crf",
+                       "--no-elmo", "--crf", "--epochs", "8", "--lr", "0.02", "--hidden-dim", "16", "--json")
+    assert code == 0, out
+    m = json.loads(out.strip().splitlines()[-1])
+    assert m["dev"]["span"]["f1"] > 0.9
+    config = read_config(tmp_path / "crf")
+    assert config.crf and config.span_scheme == "BIO"
+    (tmp_path / "in.txt").write_text("the old red dog finds a ball .\nsees the\n")
+    code, out = invoke("predict", "--task", tmp_path / "crf", tmp_path / "in.txt", tmp_path / "out.conll")
+    assert code == 0, out
+    guessed = [[line.split("\t")[1] for line in block.splitlines()]
+               for block in (tmp_path / "out.conll").read_text().strip().split("\n\n")]
+    assert [len(g) for g in guessed] == [8, 2] and count_violations(guessed, "BIO") == 0
+
+
+def test_crf_refuses_classification(data, tmp_path):
+    code, out = invoke("train", "--kind", "classification", "--train", data["train_tsv"], "--dev", data["dev_tsv"],
+                       "--output", tmp_path / "t", "--no-elmo", "--crf")
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert code == 1 and len(lines) == 1 and "--crf" in lines[0] and "--kind tagging" in lines[0]

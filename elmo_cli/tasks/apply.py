@@ -43,12 +43,12 @@ def open_task(task_dir: Path, embeddings: Path | None = None, device: str = "aut
 
 
 def evaluate_file(task_dir: Path, test_path: Path, fmt: str = "auto", embeddings: Path | None = None,
-                  batch_size: int = 64, device: str = "auto") -> dict:
+                  batch_size: int = 64, device: str = "auto", errors: str = "strict") -> dict:
     """The task's metrics on a labelled file (see `predict.evaluate_examples`), plus how many sentences were split."""
     task = open_task(task_dir, embeddings, device)
     try:
         cfg = task.model.config
-        examples = formats.read_examples(test_path, cfg.kind, fmt, cfg.label_column, task.tokenize)
+        examples = formats.read_examples(test_path, cfg.kind, fmt, cfg.label_column, task.tokenize, errors)
         metrics = evaluate_examples(task.model, examples, batch_size)
         metrics["split_sentences"] = formats.split_long(examples, cfg.max_length)[1]
         metrics["kind"] = cfg.kind
@@ -58,13 +58,14 @@ def evaluate_file(task_dir: Path, test_path: Path, fmt: str = "auto", embeddings
 
 
 def predict_file(task_dir: Path, input_path: Path, output_path: Path, fmt: str = "auto",
-                 embeddings: Path | None = None, batch_size: int = 64, device: str = "auto") -> dict:
+                 embeddings: Path | None = None, batch_size: int = 64, device: str = "auto",
+                 errors: str = "strict") -> dict:
     """Label every sentence of `input_path`; write CoNLL (token TAB label) for tagging or TSV (label TAB text) for
     classification. Returns counts (sentences, tokens, sentences split)."""
     task = open_task(task_dir, embeddings, device)
     try:
         cfg = task.model.config
-        examples = formats.read_unlabelled(input_path, cfg.kind, fmt, cfg.label_column, task.tokenize)
+        examples = formats.read_unlabelled(input_path, cfg.kind, fmt, cfg.label_column, task.tokenize, errors)
         guess = predict_examples(task.model, examples, batch_size)
     finally:
         task.close()

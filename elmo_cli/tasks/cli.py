@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from elmo_cli.console import (app_settings, batch_size_option, command, console, device_option, err_console,
-                              model_option, options_option, output_option, pick_output, threads_option,
+                              errors_option, model_option, options_option, output_option, pick_output, threads_option,
                               user_errors as _user_errors, weights_option)
 from vocab.errors import ElmoError
 
@@ -50,14 +50,14 @@ def _mix_text(mix: dict) -> str:
 def _compare_table(result: dict) -> Table:
     table = Table(title=f"{result['metric']} on {result['evaluated_on']} (seed {result['seed']})")
     for col in ("arm", result["metric"], "Δ points", "rel. error reduction", "input mix (softmax), γ",
-                "output mix, γ", "best epoch"):
+                "output mix, γ", "best / run"):
         table.add_column(col, justify="left" if "mix" in col or col == "arm" else "right")
     for row in result["arms"]:
         rel, mix = row["relative_error_reduction"], row["mix"]
         table.add_row(f"({row['arm']}) {row['name']}", _pct(row["metric"]), f"{100 * row['absolute']:+.2f}",
                       "-" if rel is None else f"{100 * rel:+.1f}%",
                       _weights(mix["input"]) if "input" in mix else "-",
-                      _weights(mix["output"]) if "output" in mix else "-", str(row["best_epoch"]))
+                      _weights(mix["output"]) if "output" in mix else "-", f"{row['best_epoch']}/{row['epochs_run']}")
     return table
 
 
@@ -108,9 +108,12 @@ def cli_train(
     options: Optional[Path] = options_option(),
     weights: Optional[Path] = weights_option(),
     no_elmo: bool = typer.Option(False, "--no-elmo", help="Train without ELMo (word embeddings only)."),
-    epochs: int = typer.Option(10, "--epochs"),
+    epochs: int = typer.Option(50, "--epochs", help="At most this many epochs (training usually stops earlier: "
+                                                    "--patience)."),
+    patience: int = typer.Option(5, "--patience", help="Stop when dev has not improved for this many epochs (0: "
+                                                      "train all --epochs); the best dev epoch is kept."),
     max_time: Optional[str] = typer.Option(None, "--max-time", help="Stop after the epoch that passes this: 90s, 30m."),
-    batch_size: int = typer.Option(32, "--batch-size"),
+    batch_size: int = batch_size_option("Sentences per training step"),
     seed: int = typer.Option(0, "--seed", help="Seed of initialisation and batch order."),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate."),
     word_vectors: Optional[Path] = typer.Option(None, "--word-vectors", help="GloVe / word2vec text file."),
@@ -130,9 +133,13 @@ def cli_train(
     cache_max_mb: int = typer.Option(2048, "--cache-max-mb", help="Memory for cached layers; the rest spills to HDF5."),
     compare: bool = typer.Option(False, "--compare", help="Train (a) no ELMo (b) top layer (c) mix [(d) output]."),
     test: Optional[Path] = typer.Option(None, "--test", help="With --compare: evaluate every arm here (else --dev)."),
+    crf: bool = typer.Option(False, "--crf", help="Tagging: a linear-chain CRF head with Viterbi decoding; span "
+                                                  "labels (BIO, IOB1, BIOES, detected) never decode to a move "
+                                                  "their scheme forbids."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
     device: str = device_option(),
     threads: Optional[int] = threads_option(),
+    errors: str = errors_option("the data files"),
 ) -> None:
     """Train a tagger or sentence classifier on the frozen biLM's learned layer mix; keep the best dev epoch.
 
@@ -149,11 +156,11 @@ def cli_train(
         elmo, elmo_layers = _input_layers(layers)
         s = _settings(kind=kind, train_path=train, dev_path=dev, output=output, model_dir=bilm_files,
                       embeddings=embeddings, elmo="none" if no_elmo else elmo, elmo_layers=elmo_layers,
-                      elmo_output=elmo_output and not no_elmo, layer_norm=layer_norm, epochs=epochs,
+                      elmo_output=elmo_output and not no_elmo, layer_norm=layer_norm, epochs=epochs, patience=patience,
                       max_time=max_time, batch_size=batch_size, lr=lr, seed=seed, word_vectors=word_vectors,
                       min_count=min_count, hidden_dim=hidden_dim, word_dim=word_dim, label_column=label_column, fmt=format,
                       max_length=max_length, cache=not no_cache, cache_dtype=cache_dtype, cache_max_mb=cache_max_mb,
-                      device=device)
+                      device=device, errors=errors, crf=crf)
         on_epoch = None if json_out else _epoch_line
         if compare:
             from elmo_cli.tasks.compare import compare as run_compare
@@ -176,7 +183,10 @@ def cli_train(
             print(json.dumps(result.metrics))
             return
         m = result.metrics
-        console.print(f"wrote {output}: best epoch {m['best_epoch']}, dev {m['metric']} "
+        why = {"patience": f"stopped after {m['epochs_run']} epochs, no better dev for --patience {patience}",
+               "max_time": f"stopped at --max-time after {m['epochs_run']} epochs",
+               "epochs": f"ran all {m['epochs_run']} epochs (--epochs)"}[m["stopped"]]
+        console.print(f"wrote {output}: {why}; best epoch {m['best_epoch']}, dev {m['metric']} "
                       f"{_pct(m['dev']['span']['f1'] if m['dev'].get('span') else m['dev']['accuracy'])}; "
                       f"ELMo {_mix_text(result.model.mix_summary())}", highlight=False)
 
@@ -191,6 +201,7 @@ def cli_evaluate(
     json_out: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     device: str = device_option(),
     threads: Optional[int] = threads_option(),
+    errors: str = errors_option("TEST"),
 ) -> None:
     """Tagging: token accuracy, macro-F1, conlleval span F1 (BIO/IOB1/BIOES); classification: accuracy, macro-F1.
 
@@ -201,7 +212,7 @@ def cli_evaluate(
         from elmo_cli.tasks.apply import evaluate_file
 
         set_threads(threads)
-        m = evaluate_file(task, test, format, embeddings, batch_size, device)
+        m = evaluate_file(task, test, format, embeddings, batch_size, device, errors)
         if m["unknown_labels"]:
             _warn([f"{test}: label(s) unknown at training time, counted wrong: "
                    + ", ".join(f"{k} ({v})" for k, v in m["unknown_labels"].items())])
@@ -226,6 +237,7 @@ def cli_predict(
     batch_size: int = batch_size_option(),
     device: str = device_option(),
     threads: Optional[int] = threads_option(),
+    errors: str = errors_option("INPUT"),
 ) -> None:
     """Label every sentence of INPUT and write OUTPUT atomically.
 
@@ -237,7 +249,7 @@ def cli_predict(
 
         output = pick_output(output_arg, output_opt)
         set_threads(threads)
-        r = predict_file(task, input, output, format, embeddings, batch_size, device)
+        r = predict_file(task, input, output, format, embeddings, batch_size, device, errors)
         if r["split_sentences"]:
             _warn([f"{input}: {r['split_sentences']} sentence(s) longer than the task's max length were split "
                    f"(their pieces' labels are joined)"])

@@ -46,7 +46,7 @@ def compare(s: TrainSettings, test_path: Path | None = None, elmo_output: bool =
     tokenize, tokenizer = tokenizer_of(embedder)
     data = read_data(s, tokenize)
     eval_path = test_path or s.dev_path
-    test = formats.read_examples(eval_path, s.kind, s.fmt, s.label_column, tokenize)
+    test = formats.read_examples(eval_path, s.kind, s.fmt, s.label_column, tokenize, s.errors)
     cache = make_cache(s, embedder)
     rows = []
     try:
@@ -62,7 +62,8 @@ def compare(s: TrainSettings, test_path: Path | None = None, elmo_output: bool =
             if arm.output is not None:
                 save_task(arm.output, model, metrics)
             rows.append({"arm": key, "name": title, "metric": primary(metrics["test"]), "test": metrics["test"],
-                         "best_epoch": metrics["best_epoch"], "dev_metric": primary(metrics["dev"]),
+                         "best_epoch": metrics["best_epoch"], "epochs_run": metrics["epochs_run"],
+                         "stopped": metrics["stopped"], "dev_metric": primary(metrics["dev"]),
                          "mix": model.mix_summary(), "seconds": sum(h["seconds"] for h in metrics["history"]),
                          "cache_fill_seconds": metrics["cache_fill_seconds"]})
     finally:

@@ -54,9 +54,9 @@ def whitespace(line: str) -> list[str]:
 
 
 # ---- format detection -----------------------------------------------------------------------------------------------
-def _first_lines(path: str | Path, n: int = 50) -> list[str]:
+def _first_lines(path: str | Path, n: int = 50, errors: str = "strict") -> list[str]:
     out = []
-    for _, _, text in read_lines([path]):
+    for _, _, text in read_lines([path], errors):
         if text.strip():
             out.append(text)
             if len(out) >= n:
@@ -64,12 +64,12 @@ def _first_lines(path: str | Path, n: int = 50) -> list[str]:
     return out
 
 
-def detect_format(path: str | Path, kind: str) -> str:
+def detect_format(path: str | Path, kind: str, errors: str = "strict") -> str:
     """The format of a labelled file: ``tsv`` for classification; for tagging ``conllu`` when its first lines
     are ``#`` comments or 10 tab columns with a numeric ID, else ``conll``."""
     if kind == "classification":
         return "tsv"
-    for line in _first_lines(path):
+    for line in _first_lines(path, errors=errors):
         if line.startswith("#"):
             return "conllu"
         cols = line.split("\t")
@@ -77,31 +77,31 @@ def detect_format(path: str | Path, kind: str) -> str:
     return "conll"
 
 
-def detect_predict_format(path: str | Path, kind: str) -> str:
+def detect_predict_format(path: str | Path, kind: str, errors: str = "strict") -> str:
     """Prediction input: ``conllu`` as above; ``conll`` when every non-blank line has a tab (token TAB label) or the
     file has blank lines between blocks of several lines, all of the same 2-10 columns; ``tsv`` for classification lines with one tab;
     else ``text`` (one sentence per line)."""
-    lines = _first_lines(path)
+    lines = _first_lines(path, errors=errors)
     if not lines:
         return "text"
-    if detect_format(path, "tagging") == "conllu":
+    if detect_format(path, "tagging", errors) == "conllu":
         return "conllu"
     tabs = [line.count("\t") for line in lines]
     if kind == "classification":
         return "tsv" if all(t == 1 for t in tabs) else "text"
     if all(t >= 1 for t in tabs):
         return "conll"
-    blocks = [b for _, b in zip(range(20), _blocks(path, comments=False))]
+    blocks = [b for _, b in zip(range(20), _blocks(path, comments=False, errors=errors))]
     widths = {len(line.split()) for line in lines}
     multi_line = len(blocks) > 1 and any(len(b) > 1 for b in blocks)
     return "conll" if multi_line and len(widths) == 1 and 2 <= min(widths) <= 10 else "text"
 
 
 # ---- readers --------------------------------------------------------------------------------------------------------
-def _blocks(path: str | Path, comments: bool) -> Iterator[list[tuple[int, str]]]:
+def _blocks(path: str | Path, comments: bool, errors: str = "strict") -> Iterator[list[tuple[int, str]]]:
     """Blocks of non-blank ``(line_number, text)`` separated by blank lines; ``#`` lines dropped if `comments`."""
     block: list[tuple[int, str]] = []
-    for _, lineno, text in read_lines([path]):
+    for _, lineno, text in read_lines([path], errors):
         if not text.strip():
             if block:
                 yield block
@@ -112,10 +112,10 @@ def _blocks(path: str | Path, comments: bool) -> Iterator[list[tuple[int, str]]]
         yield block
 
 
-def read_conll(path: str | Path, unlabelled: bool = False) -> list[Example]:
+def read_conll(path: str | Path, unlabelled: bool = False, errors: str = "strict") -> list[Example]:
     """CoNLL: ``token ... label`` per line (``token`` alone when ``unlabelled``); ``-DOCSTART-`` skipped."""
     out = []
-    for block in _blocks(path, comments=False):
+    for block in _blocks(path, comments=False, errors=errors):
         tokens, labels = [], []
         for lineno, text in block:
             cols = text.split()
@@ -130,7 +130,8 @@ def read_conll(path: str | Path, unlabelled: bool = False) -> list[Example]:
     return out
 
 
-def read_conllu(path: str | Path, label_column: str = "upos", unlabelled: bool = False) -> list[Example]:
+def read_conllu(path: str | Path, label_column: str = "upos", unlabelled: bool = False,
+                errors: str = "strict") -> list[Example]:
     """CoNLL-U: the FORM column and the ``label_column`` (a column name: upos, xpos, deprel, ...)."""
     column = label_column.lower()
     if column not in CONLLU_COLUMNS:
@@ -138,7 +139,7 @@ def read_conllu(path: str | Path, label_column: str = "upos", unlabelled: bool =
                         f"{', '.join(CONLLU_COLUMNS)}")
     k = CONLLU_COLUMNS.index(column)
     out = []
-    for block in _blocks(path, comments=True):
+    for block in _blocks(path, comments=True, errors=errors):
         tokens, labels = [], []
         for lineno, text in block:
             cols = text.split("\t")
@@ -156,10 +157,11 @@ def read_conllu(path: str | Path, label_column: str = "upos", unlabelled: bool =
     return out
 
 
-def read_tsv(path: str | Path, tokenize: Tokenize = whitespace, unlabelled: bool = False) -> list[Example]:
+def read_tsv(path: str | Path, tokenize: Tokenize = whitespace, unlabelled: bool = False,
+             errors: str = "strict") -> list[Example]:
     """``label<TAB>text`` per line (blank lines skipped); the text is tokenized with `tokenize`."""
     out = []
-    for _, lineno, text in read_lines([path]):
+    for _, lineno, text in read_lines([path], errors):
         if not text.strip():
             continue
         label, tab, rest = text.partition("\t")
@@ -172,14 +174,14 @@ def read_tsv(path: str | Path, tokenize: Tokenize = whitespace, unlabelled: bool
     return out
 
 
-def read_text(path: str | Path, tokenize: Tokenize = whitespace) -> list[Example]:
+def read_text(path: str | Path, tokenize: Tokenize = whitespace, errors: str = "strict") -> list[Example]:
     """One sentence per line, blank lines skipped; unlabelled."""
     return [Example(tokenize(text), None, f"{path}:{lineno}")
-            for _, lineno, text in read_lines([path]) if text.strip()]
+            for _, lineno, text in read_lines([path], errors) if text.strip()]
 
 
 def read_examples(path: str | Path, kind: str, fmt: str = "auto", label_column: str = "upos",
-                  tokenize: Tokenize = whitespace) -> list[Example]:
+                  tokenize: Tokenize = whitespace, errors: str = "strict") -> list[Example]:
     """The labelled examples of a training, dev or test file; an empty file is an ElmoError."""
     if kind not in KINDS:
         raise ElmoError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -187,37 +189,37 @@ def read_examples(path: str | Path, kind: str, fmt: str = "auto", label_column: 
         raise ElmoError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     if not Path(path).is_file():
         raise ElmoError(f"{path}: no such file")
-    fmt = detect_format(path, kind) if fmt == "auto" else fmt
+    fmt = detect_format(path, kind, errors) if fmt == "auto" else fmt
     if (kind == "classification") != (fmt == "tsv"):
         raise ElmoError(f"{path}: --format {fmt} does not fit --kind {kind} (classification reads tsv, "
                         f"tagging reads conll or conllu)")
     if fmt == "tsv":
-        examples = read_tsv(path, tokenize)
+        examples = read_tsv(path, tokenize, errors=errors)
     elif fmt == "conllu":
-        examples = read_conllu(path, label_column)
+        examples = read_conllu(path, label_column, errors=errors)
     else:
-        examples = read_conll(path)
+        examples = read_conll(path, errors=errors)
     if not examples:
         raise ElmoError(f"{path}: no sentences in this file (empty, or only comments and blank lines)")
     return examples
 
 
 def read_unlabelled(path: str | Path, kind: str, fmt: str = "auto", label_column: str = "upos",
-                    tokenize: Tokenize = whitespace) -> list[Example]:
+                    tokenize: Tokenize = whitespace, errors: str = "strict") -> list[Example]:
     """Prediction input: text lines, or a CoNLL / CoNLL-U / TSV file whose labels are ignored."""
     if fmt not in PREDICT_FORMATS:
         raise ElmoError(f"--format {fmt!r}: use one of {', '.join(PREDICT_FORMATS)}")
     if not Path(path).is_file():
         raise ElmoError(f"{path}: no such file")
-    fmt = detect_predict_format(path, kind) if fmt == "auto" else fmt
+    fmt = detect_predict_format(path, kind, errors) if fmt == "auto" else fmt
     if fmt == "conllu":
-        examples = read_conllu(path, label_column, unlabelled=True)
+        examples = read_conllu(path, label_column, unlabelled=True, errors=errors)
     elif fmt == "conll":
-        examples = read_conll(path, unlabelled=True)
+        examples = read_conll(path, unlabelled=True, errors=errors)
     elif fmt == "tsv":
-        examples = read_tsv(path, tokenize, unlabelled=True)
+        examples = read_tsv(path, tokenize, unlabelled=True, errors=errors)
     else:
-        examples = read_text(path, tokenize)
+        examples = read_text(path, tokenize, errors)
     if not examples:
         raise ElmoError(f"{path}: no sentences in this file")
     return examples

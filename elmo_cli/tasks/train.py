@@ -23,6 +23,7 @@ from torch import nn
 
 from elmo_cli.loading import ModelFiles, model_files, resolve_device
 from elmo_cli.tasks import formats
+from elmo_cli.tasks.crf import count_violations, detect_span_scheme
 from elmo_cli.tasks.features import LayerCache
 from elmo_cli.tasks.metrics import primary, primary_name
 from elmo_cli.tasks.model import TaskConfig, TaskModel, build_words
@@ -44,9 +45,10 @@ class TrainSettings:
     elmo_layers: str = "all"  # the layers the input mix uses: all or indices such as "1,2"
     elmo_output: bool = False
     layer_norm: bool = False
-    epochs: int = 10
+    epochs: int = 50  # an upper bound: training stops earlier when dev stops improving (`patience`)
+    patience: int = 5  # stop after this many epochs without a better dev metric (0: run every epoch)
     max_time: float | None = None  # seconds for the whole run
-    batch_size: int = 32
+    batch_size: int = 64
     lr: float = 1e-3
     seed: int = 0
     word_vectors: Path | None = None
@@ -60,6 +62,8 @@ class TrainSettings:
     cache_dtype: str = "float32"
     cache_max_mb: int = 2048
     device: str = "auto"
+    errors: str = "strict"  # invalid UTF-8 in the data files: strict (stop) | replace
+    crf: bool = False  # tagging: a CRF head with exact Viterbi decoding
 
 
 @dataclass
@@ -88,14 +92,22 @@ def load_embedder(model_dir: "Path | ModelFiles | None", device: str = "auto"):
 
 def read_data(s: TrainSettings, tokenize: formats.Tokenize = formats.whitespace) -> TaskData:
     """Train and dev examples, the label set (from train), and warnings: split sentences, dev-only labels."""
-    train = formats.read_examples(s.train_path, s.kind, s.fmt, s.label_column, tokenize)
-    dev = formats.read_examples(s.dev_path, s.kind, s.fmt, s.label_column, tokenize)
+    train = formats.read_examples(s.train_path, s.kind, s.fmt, s.label_column, tokenize, s.errors)
+    dev = formats.read_examples(s.dev_path, s.kind, s.fmt, s.label_column, tokenize, s.errors)
     warnings = []
     pieces, n_split = formats.split_long(train, s.max_length)
     _, n_dev_split = formats.split_long(dev, s.max_length)
     for n, path in ((n_split, s.train_path), (n_dev_split, s.dev_path)):
         if n:
             warnings.append(f"{path}: {n} sentence(s) longer than --max-length {s.max_length} split into pieces")
+    if s.crf:
+        if s.kind != "tagging":
+            raise ElmoError("--crf is a tagging head: use it with --kind tagging")
+        scheme = detect_span_scheme([ex.labels for ex in train])
+        bad = count_violations([ex.labels for ex in train], scheme)
+        if bad:
+            warnings.append(f"{s.train_path}: {bad} sentence(s) have label transitions that {scheme} forbids "
+                            f"(trained on as they are; the CRF never predicts them)")
     labels = _labels(train)
     dev_only = sorted(_labels(dev) - set(labels))
     if dev_only:
@@ -110,10 +122,12 @@ def _labels(examples: list[formats.Example]) -> set[str]:
 
 def task_config(s: TrainSettings, data: TaskData, tokenizer: str) -> TaskConfig:
     words, counts = build_words([ex.tokens for ex in data.train], s.min_count)
+    scheme = detect_span_scheme([ex.labels for ex in data.train]) if s.crf else None
     return TaskConfig(kind=s.kind, labels=data.labels, words=words, word_counts=counts, word_dim=s.word_dim,
                       hidden_dim=s.hidden_dim, elmo=s.elmo, elmo_layers=s.elmo_layers,
                       elmo_output=s.elmo_output, layer_norm=s.layer_norm,
                       label_column=s.label_column, max_length=s.max_length, tokenizer=tokenizer,
+                      crf=s.crf, span_scheme=scheme,
                       **_bilm_record(s.model_dir))
 
 
@@ -168,6 +182,8 @@ def _loss(model: TaskModel, batch: list[formats.Example], label_index: dict[str,
     target = torch.full(mask.shape, -100, dtype=torch.long)  # (B, T); -100 = padding, ignored
     for b, ex in enumerate(batch):
         target[b, : len(ex.labels)] = torch.tensor([label_index[lab] for lab in ex.labels])
+    if model.crf is not None:  # the sentences' negative log-likelihood, per token like the softmax's loss
+        return model.crf.neg_log_likelihood(logits, target.clamp(min=0).to(logits.device), mask).sum() / mask.sum()
     return nn.functional.cross_entropy(logits.flatten(0, 1), target.to(logits.device).flatten())
 
 
@@ -176,13 +192,15 @@ def fit(model: TaskModel, s: TrainSettings, data: TaskData,
     """Train `model` in place; it ends with the weights of its best dev epoch. Returns metrics.json's dict."""
     if s.epochs < 1:
         raise ElmoError(f"--epochs must be at least 1, got {s.epochs}")
+    if s.patience < 0:
+        raise ElmoError(f"--patience must be 0 (off) or more, got {s.patience}")
     rng = random.Random(s.seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=s.lr)
     label_index = {lab: k for k, lab in enumerate(model.config.labels)}
     elmo = model.elmo_in or model.elmo_out
     cache = elmo.cache if elmo is not None else None
     fill = _fill_seconds(model, cache, data)
-    best, best_state, history, start = None, None, [], time.perf_counter()
+    best, best_state, history, start, stopped = None, None, [], time.perf_counter(), "epochs"
     for epoch in range(1, s.epochs + 1):
         t0, cpu0, bilm0 = time.perf_counter(), time.process_time(), _bilm_seconds(model)
         loss = _train_epoch(model, opt, data.train, s.batch_size, rng, label_index)
@@ -198,10 +216,15 @@ def fit(model: TaskModel, s: TrainSettings, data: TaskData,
             best, best_state = row, copy.deepcopy(model.state_dict())
         if on_epoch is not None:
             on_epoch(row)
+        if s.patience and epoch - best["epoch"] >= s.patience:
+            stopped = "patience"
+            break
         if s.max_time is not None and time.perf_counter() - start > s.max_time:
+            stopped = "max_time"
             break
     model.load_state_dict(best_state)
-    return {"best_epoch": best["epoch"], "metric": primary_name(best["dev"]), "dev": best["dev"],
+    return {"best_epoch": best["epoch"], "epochs_run": len(history), "stopped": stopped,
+            "metric": primary_name(best["dev"]), "dev": best["dev"],
             "history": history, "cache_fill_seconds": fill[0], "cache_fill_cpu_seconds": fill[1],
             "cached_sentences": len(cache) if cache else 0,
             "seed": s.seed, "train": str(s.train_path), "dev_path": str(s.dev_path)}
