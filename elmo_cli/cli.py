@@ -116,7 +116,9 @@ def cli_shard(
     tokens_per_shard: int = typer.Option(1_000_000, help="About this many tokens per shard (bounds memory)."),
     seed: int = typer.Option(0, help="Shuffle seed; same input and seed give byte-identical shards."),
     workers: int = typer.Option(1, help="Encoding processes; the output does not depend on it."),
-    chars: str = typer.Option("bytes", help="Character ids: bytes (bilm-tf compatible) or codepoint."),
+    chars: str = typer.Option("bytes", help="Character ids: bytes (bilm-tf compatible), codepoint (a table of "
+                              "the corpus's code points), or a shard directory whose table to reuse (held-out "
+                              "shards of a codepoint model)."),
     max_chars_vocab: int = typer.Option(2000, help="Code points kept with --chars codepoint (others share one id)."),
     errors: str = errors_option("CORPUS"),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty output directory."),

@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from vocab.chars import CHAR_DTYPE, MAX_CHARS, CodepointChars
+from vocab.chars import CHAR_DTYPE, MAX_CHARS, CodepointChars, read_chars
 from vocab.errors import ElmoError
 from vocab.text import STDIN, atomic_write_bytes, expand_paths, read_json, read_lines
 from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE, TextEncoder
@@ -148,8 +148,9 @@ def write_shards(
     tokens_per_shard : about this many running tokens per shard; bounds the memory of each worker.
     seed : the shuffle seed; the same input and seed give byte-identical files.
     workers : processes encoding shards in parallel; output identical to ``workers=1``.
-    chars : ``"bytes"`` (bilm-tf compatible) or ``"codepoint"`` (a table of the ``max_chars_vocab`` most frequent
-        code points of the corpus tokens + one fallback id).
+    chars : ``"bytes"`` (bilm-tf compatible), ``"codepoint"`` (a table of the ``max_chars_vocab`` most frequent
+        code points of the corpus tokens + one fallback id), or the path of a shard or model directory (or its
+        chars.json) whose table to reuse: held-out shards for `train --validation` of a codepoint model.
     on_progress : called as ``on_progress(stage, done, total)`` with stage ``count``/``spill``/``encode``.
 
     # Returns
@@ -159,13 +160,14 @@ def write_shards(
         raise ElmoError(f"--tokens-per-shard must be at least 1, got {tokens_per_shard}")
     if workers < 1:
         raise ElmoError(f"--workers must be at least 1, got {workers}")
-    if chars not in ("bytes", "codepoint"):
-        raise ElmoError(f"unknown --chars {chars!r}; expected bytes or codepoint")
+    reused = None if chars in ("bytes", "codepoint") else _reused_chars(chars)
     files = expand_paths(corpus)
     encoder = TextEncoder.from_vocab_file(vocab)
     from vocab.chars import ByteChars
 
-    encoder.chars = ByteChars(max_characters_per_token)
+    encoder.chars = reused or ByteChars(max_characters_per_token)
+    if reused is not None:
+        chars = reused.mode + " (reused)"  # no table is built from this corpus
     out = Path(output)
     created = not out.exists()
     _prepare_output(out, force)
@@ -204,6 +206,18 @@ def write_shards(
         bytes=manifest["shard_bytes"],
         text_bytes=counts["text_bytes"],
     )
+
+
+def _reused_chars(where: str):
+    """The character table of an earlier `shard` run (its directory or chars.json), or of a model directory:
+    held-out shards must encode characters as the training shards do."""
+    path = Path(where)
+    if path.is_dir():
+        path = path / CHARS_FILE
+    if not path.is_file():
+        raise ElmoError(f"--chars {where!r}: expected bytes, codepoint, or the shard directory (or its chars.json) "
+                        f"whose character table to reuse")
+    return read_chars(path)
 
 
 def _count_pass(files: list[str], encoder: TextEncoder, errors: str, counts: Counter, chars: str,
