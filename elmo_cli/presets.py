@@ -78,9 +78,9 @@ _LAPTOP = RunConfig(
 )
 
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset(_TINY, "the demo: 512-cell LSTMs, P 128, small char CNN; 2 epochs, minutes on a laptop"),
-    "laptop": Preset(_LAPTOP, "tiny's shape, Adam + cosine over the time budget; 0.5-10M tokens on a CPU, "
-                              "--max-time (default 1h)"),
+    "tiny": Preset(_TINY, "512-cell LSTMs, P 128, small char CNN, bilm-tf's Adagrad: a quick pipeline check"),
+    "laptop": Preset(_LAPTOP, "tiny's shape, Adam + cosine over --max-time (default 1h): the CPU recipe, 0.5-10M "
+                              "tokens"),
     "small": Preset(RunConfig(_published(1024, 128, 1)), "bilm-tf's 2x1024_128_2048cnn_1xhighway, bilm-tf's recipe"),
     "medium": Preset(RunConfig(_published(2048, 256, 1)), "bilm-tf's 2x2048_256_2048cnn_1xhighway, bilm-tf's recipe"),
     "original": Preset(RunConfig(_published(4096, 512, 2)), "the paper's 2x4096_512_2048cnn_2xhighway, bilm-tf's recipe"),
