@@ -3,15 +3,13 @@ import shutil
 import subprocess
 import sys
 import warnings
-from pathlib import Path
-
-import h5py
 
 import numpy as np
 import pytest
 import torch
 
-REFERENCE = Path(__file__).parent / "data" / "reference"
+from allennlp_reference import (REFERENCE, SMALL_BATCH_WITHIN, WITHIN, assert_matches_reference, largest_difference,
+                                reference_layers, reference_sentences)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,9 +24,7 @@ def test_import_is_light():
 
 
 def _reference():
-    sents = [line.strip().split() for line in (REFERENCE / "sentences.txt").read_text("utf-8").splitlines()]
-    with h5py.File(REFERENCE / "expected_all.hdf5") as f:
-        return sents, [f[str(i)][...] for i in range(len(sents))]
+    return reference_sentences(), reference_layers()
 
 
 def test_embedder_from_bilm_files_matches_allennlp():
@@ -37,12 +33,12 @@ def test_embedder_from_bilm_files_matches_allennlp():
     emb = Embedder(options_file=REFERENCE / "options.json", weight_file=REFERENCE / "weights.hdf5", device="cpu")
     sents, want = _reference()
     assert emb.n_layers == 3 and emb.dim == 128
-    for batch_size in (2, 64):
+    # The README's 5e-6 at the default batch size (measured 4.77e-6); batch 2 measures 5.72e-6 (allennlp_reference).
+    for batch_size, within in ((64, WITHIN), (2, SMALL_BATCH_WITHIN)):
         got = emb.embed_sentences(sents, batch_size=batch_size)
         assert len(got) == len(sents)
-        for g, w in zip(got, want):
-            assert g.dtype == np.float32 and g.shape == w.shape
-            np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+        assert all(g.dtype == np.float32 for g in got)
+        assert_matches_reference(got, want, within)
 
 
 def test_embedder_from_model_dir_is_stateless(tmp_path):
@@ -56,7 +52,7 @@ def test_embedder_from_model_dir_is_stateless(tmp_path):
     mixed = emb.embed_sentences([sents[5], [], sents[1], sents[0]], batch_size=3)
     assert mixed[1].shape == (3, 0, 128)
     np.testing.assert_allclose(mixed[2], alone, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(alone, want[1], atol=1e-4, rtol=0)
+    assert_matches_reference([alone], [want[1]], WITHIN)  # measured 4.4e-6
     assert emb.tokenize(" a  b ") == ["a", "b"]
     from vocab.errors import ElmoError
 
@@ -94,17 +90,21 @@ def test_embedder_layer_selection_and_bf16_compute():
     emb = Embedder(**files)
     top = emb.embed_sentences(sents[:3], layers="top")
     first_two = emb.embed_sentences(sents[:3], layers="1,2")
-    for k in range(3):
-        np.testing.assert_allclose(top[k], want[k][-1], atol=1e-4, rtol=0)
-        np.testing.assert_allclose(first_two[k], want[k][1:], atol=1e-4, rtol=0)
+    assert_matches_reference(top, [w[-1] for w in want[:3]], WITHIN)  # measured 4.4e-6
+    assert_matches_reference(first_two, [w[1:] for w in want[:3]], WITHIN)
     with pytest.raises(ElmoError, match="layers 0..2"):
         emb.embed_sentences(sents[:1], layers="3")
-    # bf16 products: approximate by design, close to the exact vectors but not equal to them.
+    # bf16 products: approximate by design. The README: "its largest absolute difference from the fp32 vectors is
+    # 0.042, against 4.8e-6 for fp32". Measured now: 0.0448 from allennlp's vectors and from Embedder's own fp32
+    # ones, on a CPU with AVX512-BF16 (0.0434 with the kernel before commit 466525c; the README's 0.042 is from a
+    # CPU that emulates bf16). The bound: at most 0.05, and far above fp32's rounding (so bf16 is really used).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # on a CPU without bf16 instructions Embedder warns that it is slow
         got = Embedder(**files, compute_dtype="bf16").embed_sentences(sents)
-    diff = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
-    assert 1e-6 < diff < 0.2
+    fp32 = emb.embed_sentences(sents)
+    for exact in (want, fp32):
+        diff = largest_difference(got, exact)
+        assert 0.01 < diff <= 0.05, diff
     with pytest.raises(ElmoError, match="expected fp32 or bf16"):
         Embedder(**files, compute_dtype="fp16")
 
