@@ -3,6 +3,7 @@ import json
 import math
 import random
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -13,6 +14,7 @@ from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.model import BiLM, to_model_chars
+from lstm_stream import Float64BiLSTM, row_streams
 from vocab.errors import ElmoError
 from vocab.tokenize import TextEncoder
 from vocab.vocabulary import Vocabulary
@@ -169,18 +171,52 @@ def test_stateless_scores_independent_of_batch_size_and_order(model_dir, text_fi
             assert b["backward_logprob"] == pytest.approx(a["backward_logprob"], rel=1e-5, abs=1e-6)
 
 
-def test_stateful_carries_state_per_batch_row(model_dir, text_file, tmp_path):
+@pytest.mark.parametrize("batch_size, pool_batches", [(2, None), (3, 1)])
+def test_stateful_carries_state_per_batch_row(model_dir, text_file, tmp_path, monkeypatch, batch_size, pool_batches):
+    """--stateful against bilm-tf's training streams computed independently (tests/lstm_stream.py, float64 from
+    weights.hdf5 and softmax.hdf5, one row at a time): the k-th non-blank line runs in row k % batch_size, the
+    forward model reads <S> w1 .. wn and the backward </S> wn .. w1, each from its own final state after line
+    k - batch_size (</S> and <S> are only targets, so never advance the state). pool_batches=1 carries the state
+    across evaluate's pools."""
+    if pool_batches is not None:
+        monkeypatch.setattr(ev, "_POOL_BATCHES", pool_batches)
     loaded = load_model(model_dir)
     out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    stateless = ev.evaluate(loaded, [text_file], batch_size=2, per_sentence_path=out_a)
-    stateful = ev.evaluate(loaded, [text_file], batch_size=2, per_sentence_path=out_b, stateful=True)
+    stateless = ev.evaluate(loaded, [text_file], batch_size=batch_size, per_sentence_path=out_a)
+    stateful = ev.evaluate(loaded, [text_file], batch_size=batch_size, per_sentence_path=out_b, stateful=True)
     assert stateful.stateful and not stateless.stateful and stateful.tokens == stateless.tokens
-    a = [r for r in read_jsonl(out_a) if r["words"]]
-    b = [r for r in read_jsonl(out_b) if r["words"]]
-    # The first batch (two sentences) starts from zero state in both modes; later ones do not in stateful mode.
-    for x, y in zip(a[:2], b[:2]):
-        assert y["forward_logprob"] == pytest.approx(x["forward_logprob"], rel=1e-5)
-    assert any(abs(x["forward_logprob"] - y["forward_logprob"]) > 1e-3 for x, y in zip(a[2:], b[2:]))
+    rows = [r for r in read_jsonl(out_b) if r["words"]]
+    sentences = [loaded.text.tokenize(line) for line in LINES if line.strip()]
+    assert [r["words"] for r in rows] == [len(s) for s in sentences]
+
+    lstm = Float64BiLSTM(model_dir / "weights.hdf5", json.loads((model_dir / "options.json").read_text())["lstm"])
+    with h5py.File(model_dir / "softmax.hdf5") as f:
+        W, b = f["W"][...].astype(np.float64), f["b"][...].astype(np.float64)  # (V, P), (V,)
+    vocab = loaded.text.vocab
+
+    def log_probs(h, targets):  # full softmax, float64
+        logits = h @ W.T + b
+        m = logits.max(1, keepdims=True)
+        lp = logits - m - np.log(np.exp(logits - m).sum(1, keepdims=True))
+        return float(lp[np.arange(len(targets)), targets].sum())
+
+    for row in row_streams(len(sentences), batch_size):
+        forward_state, backward_state = lstm.zero_states(), lstm.zero_states()
+        for k in row:
+            words = sentences[k]
+            with torch.no_grad():
+                x = loaded.model.encoder(to_model_chars(loaded.text.chars.encode_tokens(["<S>", *words, "</S>"])))
+            x = x.double().numpy()  # (n + 2, P)
+            ids = [vocab.id_of(t) for t in ["<S>", *words, "</S>"]]
+            fwd, forward_state = lstm.run(0, x[:-1], forward_state)  # <S> w1 .. wn
+            bwd, backward_state = lstm.run(1, x[::-1][:-1], backward_state)  # </S> wn .. w1
+            assert rows[k]["forward_logprob"] == pytest.approx(log_probs(fwd[-1], ids[1:]), rel=1e-6, abs=1e-5)
+            assert rows[k]["backward_logprob"] == pytest.approx(log_probs(bwd[-1], ids[::-1][1:]), rel=1e-6,
+                                                                abs=1e-5)
+    # Not vacuous: every sentence after the first batch scores differently from zero state.
+    plain = [r for r in read_jsonl(out_a) if r["words"]]
+    assert all(abs(x["forward_logprob"] - y["forward_logprob"]) > 1e-2 for x, y in
+               zip(plain[batch_size:], rows[batch_size:]))
 
 
 def test_chunked_log_probs_match_log_softmax(monkeypatch):
