@@ -4,8 +4,8 @@ A dump reads its input in windows of ``window_batches * batch_size`` lines; with
 by length into batches (stateless) or kept in input order (stateful), embedded by `elmo_cli.embed.embed_batch`,
 reduced by a `LayerSelection` and written in line order, so memory does not grow with the input. Output goes to
 ``OUTPUT.partial`` (layout and bookkeeping: `elmo_cli.h5dump`) and is renamed when complete; ``resume`` continues
-an interrupted run from its last complete window. Under torchrun each rank embeds lines ``i % world == rank``
-into its own part file and rank 0 merges them.
+an interrupted run from its last complete window (a stateful one from the LSTM states it had carried that far).
+Under torchrun each rank embeds lines ``i % world == rank`` into its own part file and rank 0 merges them.
 """
 from __future__ import annotations
 
@@ -142,7 +142,22 @@ class _Window:
             self.lines += len(batch)
             self.tokens_done += sum(n)
             report()
-        h5dump.mark_completed(self.f, end)
+        h5dump.mark_completed(self.f, end, self.saved_states() if self.stateful else None)
+
+    def saved_states(self) -> dict[str, np.ndarray]:
+        """The carried states as `h5dump.mark_completed` stores them: ``h (2, L, B, P)``, ``c (2, L, B, H)``."""
+        if self.states is None:
+            return {}
+        return {name: np.stack([np.stack([layer[k].cpu().numpy() for layer in direction])
+                                for direction in self.states]) for k, name in enumerate(("h", "c"))}
+
+    def restore_states(self, saved: dict[str, np.ndarray]) -> None:
+        """Carry on from `saved_states` (a resumed dump)."""
+        if not saved:
+            self.states = None
+            return
+        h, c = (torch.from_numpy(saved[name]).to(self.device) for name in ("h", "c"))
+        self.states = tuple([(h[d, l], c[d, l]) for l in range(h.shape[1])] for d in range(2))
 
 
 def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
@@ -206,6 +221,12 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
             on_progress(DumpProgress(window.lines, window.tokens_done, my_total))
 
     try:
+        if stateful and completed:
+            saved = h5dump.read_states(f, completed)
+            if saved is None:
+                raise ElmoError(f"{part}: cannot resume this --stateful dump: the file does not hold the LSTM states "
+                                f"carried past line {completed}; run again without --resume")
+            window.restore_states(saved)
         report()
         n_lines, index = _embed_windows(input_path, errors, loaded.text.tokenize, completed, rank, world,
                                         max(1, window_batches) * batch_size, window, report,

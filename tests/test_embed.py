@@ -1,5 +1,6 @@
 """elmo_cli.embed: stateless batching, the token memo and cache, layer reductions, interrupt + resume."""
 import json
+import shutil
 
 import h5py
 import numpy as np
@@ -243,6 +244,41 @@ def test_interrupted_dump_resumes_to_the_same_file(loaded, text_file, tmp_path):
         np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=0)
     with h5py.File(out) as f:
         assert h5dump.COMPLETED_ATTR not in f.attrs and h5dump.SETTINGS_ATTR not in f.attrs
+
+
+def test_interrupted_stateful_dump_resumes_with_its_carried_states(loaded, text_file, tmp_path):
+    """--resume of a --stateful dump goes on from the states each row had reached at the last complete window: the
+    file equals an uninterrupted dump's (it used to restart every row from zero state, silently)."""
+    path, lines = text_file
+    out = tmp_path / "o.hdf5"
+
+    class Stop(Exception):
+        pass
+
+    def stop(p: DumpProgress):
+        if p.lines >= 10:
+            raise Stop
+
+    args = dict(stateful=True, batch_size=2, window_batches=2)
+    with pytest.raises(Stop):
+        dump_embeddings(loaded, path, out, on_progress=stop, **args)
+    # A partial file without the states (as one written before they were kept) is refused, not restarted from zero.
+    older = h5dump.partial_path(tmp_path / "older.hdf5")
+    shutil.copy(h5dump.partial_path(out), older)
+    with h5py.File(older, "a") as f:
+        del f[h5dump.STATES_GROUP]
+    with pytest.raises(ElmoError, match="cannot resume this --stateful dump: .* LSTM states carried past line 8"):
+        dump_embeddings(loaded, path, tmp_path / "older.hdf5", resume=True, **args)
+    result = dump_embeddings(loaded, path, out, resume=True, **args)
+    assert result.resumed_from == 8  # two windows of 2 x 2 lines
+    dump_embeddings(loaded, path, tmp_path / "straight.hdf5", **args)
+    got, got_index = _read(out)
+    want, want_index = _read(tmp_path / "straight.hdf5")
+    assert got_index == want_index and sorted(got) == sorted(want) == sorted(str(i) for i in range(len(lines)))
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+    with h5py.File(out) as f:  # no bookkeeping left in the finished file
+        assert set(f.keys()) == set(want) | {"sentence_to_index"} and not f.attrs.keys()
 
 
 def test_resume_refuses_other_settings(loaded, text_file, tmp_path):
