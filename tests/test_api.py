@@ -1,4 +1,5 @@
 """The Python API: `from elmo_cli import Embedder, ScalarMix`."""
+import math
 import shutil
 import subprocess
 import sys
@@ -60,25 +61,28 @@ def test_embedder_from_model_dir_is_stateless(tmp_path):
         emb.embed_sentences(["not tokenized"])
 
 
-def test_scalar_mix_formula_and_masked_layer_norm():
+def test_scalar_mix_hand_computed_and_masked_layer_norm():
     from elmo_cli import ScalarMix
 
-    layers = torch.randn(3, 2, 4, 5)
-    mix = ScalarMix(3, initial_weights=[0.0, 1.0, 2.0], gamma=0.5)
-    s = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), 0)
-    torch.testing.assert_close(mix(layers), 0.5 * (s[0] * layers[0] + s[1] * layers[1] + s[2] * layers[2]))
+    # Weights 0, ln 2, ln 3 -> softmax 1/6, 2/6, 3/6; layers constant 6, 3, 2 -> 1 + 1 + 1, times gamma 0.5.
+    layers = torch.stack([torch.full((2, 4, 5), v) for v in (6.0, 3.0, 2.0)])
+    mix = ScalarMix(3, initial_weights=[0.0, math.log(2), math.log(3)], gamma=0.5)
+    torch.testing.assert_close(mix(layers), torch.full((2, 4, 5), 1.5))
+    torch.testing.assert_close(ScalarMix(3)(layers), torch.full((2, 4, 5), 11 / 3))  # default: the plain average
     assert mix.weights.requires_grad and mix.gamma.requires_grad
 
-    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
-    normed = ScalarMix(3, layer_norm=True)(layers, mask)
-    expected = 0
-    for k in range(3):
-        vals = layers[k][mask]  # (5 positions, 5 features): statistics over unmasked elements only
-        expected = expected + (layers[k] - vals.mean()) / torch.sqrt(vals.var(unbiased=False) + 1e-12) / 3
-    torch.testing.assert_close(normed, expected, atol=1e-5, rtol=1e-5)
-    padded = layers.clone()
+    # Layer norm over the unmasked elements only (allennlp's), one batch row, 3 positions of which the last is
+    # padding, 2 features. Layer 0 unmasked 1, 3, 1, 3: mean 2, variance 1 -> -1, 1, -1, 1. Layer 1: 0, 0, 0, 4:
+    # mean 1, variance 3 -> -1/sqrt 3 three times, 3/sqrt 3. Layer 2 = 10 x layer 0 + 5: normalised as layer 0.
+    l0 = torch.tensor([[[1.0, 3.0], [1.0, 3.0], [7.0, -7.0]]])
+    l1 = torch.tensor([[[0.0, 0.0], [0.0, 4.0], [9.0, 9.0]]])
+    mask = torch.tensor([[True, True, False]])
+    got = ScalarMix(3, layer_norm=True)(torch.stack([l0, l1, 10 * l0 + 5]), mask)
+    r = 1 / math.sqrt(3)
+    torch.testing.assert_close(got[mask], torch.tensor([[(-2 - r) / 3, (2 - r) / 3], [(-2 - r) / 3, (2 + 3 * r) / 3]]))
+    padded = torch.stack([l0, l1, 10 * l0 + 5])
     padded[:, ~mask] = 1e6  # padding content must not change the unmasked outputs
-    torch.testing.assert_close(ScalarMix(3, layer_norm=True)(padded, mask)[mask], normed[mask])
+    torch.testing.assert_close(ScalarMix(3, layer_norm=True)(padded, mask)[mask], got[mask])
 
 
 def test_embedder_layer_selection_and_bf16_compute():

@@ -115,10 +115,20 @@ def test_counts_and_per_sentence_sum_to_totals(model_dir, text_file, tmp_path):
     assert sum(row["tokens"] for row in scored) == r.tokens
     assert sum(row["forward_logprob"] for row in scored) == pytest.approx(r.forward_logprob, rel=1e-12)
     assert sum(row["backward_logprob"] for row in scored) == pytest.approx(r.backward_logprob, rel=1e-12)
-    assert r.forward_perplexity == pytest.approx(math.exp(-r.forward_logprob / r.tokens))
-    assert r.average_perplexity == pytest.approx((r.forward_perplexity + r.backward_perplexity) / 2)
-    assert r.mean_loss_perplexity == pytest.approx(math.sqrt(r.forward_perplexity * r.backward_perplexity))
     assert not list(tmp_path.glob(".scores.jsonl.tmp*"))
+
+
+def test_perplexities_from_totals_hand_computed():
+    """4 targets per direction at log-probabilities 4 ln(1/10) and 4 ln(1/40): perplexities 10 and 40, the paper's
+    average 25, exp of the mean loss sqrt(10 * 40) = 20; an exp past float range is infinity, not an error."""
+    r = ev.EvalResult(sentences=2, blank_lines=0, words=2, oov_words=0, tokens=4, excluded_unk=0,
+                      forward_logprob=-4 * math.log(10), backward_logprob=-4 * math.log(40), exclude_unk=False,
+                      stateful=False, vocab_size=50, seconds=2.0)
+    assert (r.forward_perplexity, r.backward_perplexity) == (pytest.approx(10.0), pytest.approx(40.0))
+    assert r.average_perplexity == pytest.approx(25.0) and r.mean_loss_perplexity == pytest.approx(20.0)
+    assert r.tokens_per_second == 2.0 and r.to_dict()["average_perplexity"] == pytest.approx(25.0)
+    diverged = ev.EvalResult(1, 0, 1, 0, 2, 0, -2000.0, -2.0, False, False, 50, 1.0)
+    assert diverged.forward_perplexity == math.inf and diverged.average_perplexity == math.inf
 
 
 @pytest.mark.parametrize("exclude_unk", [False, True])
@@ -138,8 +148,11 @@ def test_matches_float64_brute_force(model_dir, text_file, tmp_path, exclude_unk
         total_f, total_b, total_n = total_f + f, total_b + b, total_n + n
     assert r.tokens == total_n
     assert r.excluded_unk == (1 if exclude_unk else 0)
-    assert r.forward_perplexity == pytest.approx(math.exp(-total_f / total_n), rel=1e-5)
-    assert r.backward_perplexity == pytest.approx(math.exp(-total_b / total_n), rel=1e-5)
+    forward, backward = math.exp(-total_f / total_n), math.exp(-total_b / total_n)
+    assert r.forward_perplexity == pytest.approx(forward, rel=1e-5)
+    assert r.backward_perplexity == pytest.approx(backward, rel=1e-5)
+    assert r.average_perplexity == pytest.approx((forward + backward) / 2, rel=1e-5)
+    assert r.mean_loss_perplexity == pytest.approx(math.exp(-(total_f + total_b) / (2 * total_n)), rel=1e-5)
     assert r.forward_perplexity != pytest.approx(r.backward_perplexity, rel=1e-3)  # the directions really differ
 
 
