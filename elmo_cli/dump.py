@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from elmo_cli import h5dump
-from elmo_cli.distributed import init_distributed
+from elmo_cli.distributed import init_distributed, launched_world_size
 from elmo_cli.embed import (ENCODER_CHUNK, TokenEmbeddings, bf16_problem, compute_dtype_of, cpu_has_bf16, embed_batch,
                             token_embeddings)
 from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batches
@@ -182,6 +182,9 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     set_threads(threads)
     if stateful and compute_dtype != "fp32":
         raise ElmoError("--compute-dtype bf16 applies to the stateless path; drop --stateful or --compute-dtype")
+    if stateful and launched_world_size() > 1:  # each rank would carry state through its own share of the lines
+        raise ElmoError("--stateful carries LSTM state from batch to batch through the input in order, which "
+                        "torchrun's processes would split; run a stateful dump as one process")
     compute_dtype_of(compute_dtype)
     if compute_dtype == "bf16":
         problem = bf16_problem(loaded.device)

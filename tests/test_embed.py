@@ -281,6 +281,18 @@ def test_interrupted_stateful_dump_resumes_with_its_carried_states(loaded, text_
         assert set(f.keys()) == set(want) | {"sentence_to_index"} and not f.attrs.keys()
 
 
+def test_stateful_refused_under_torchrun(loaded, text_file, tmp_path, monkeypatch):
+    """Under torchrun each process would carry state through its own share of the lines (i % world == rank), so
+    the vectors depended on the number of processes (up to 3.5 apart from a one-process --stateful dump at
+    2 processes, batch 2); refused before any file is written or process group joined."""
+    path, _ = text_file
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ElmoError, match="run a stateful dump as one process"):
+        dump_embeddings(loaded, path, tmp_path / "o.hdf5", stateful=True)
+    assert list(tmp_path.iterdir()) == [path]
+
+
 def test_resume_refuses_other_settings(loaded, text_file, tmp_path):
     path, _ = text_file
     out = tmp_path / "o.hdf5"
