@@ -27,9 +27,14 @@ class Dist:
         return self.rank == 0
 
 
+def launched_world_size() -> int:
+    """How many processes torchrun started (1 when run plainly), readable before the process group is joined."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     """This process's place in a torchrun job (or a single process) and the device it should use."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_world_size()
     if world <= 1:
         return Dist(), device
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))

@@ -4,8 +4,8 @@ A dump reads its input in windows of ``window_batches * batch_size`` lines; with
 by length into batches (stateless) or kept in input order (stateful), embedded by `elmo_cli.embed.embed_batch`,
 reduced by a `LayerSelection` and written in line order, so memory does not grow with the input. Output goes to
 ``OUTPUT.partial`` (layout and bookkeeping: `elmo_cli.h5dump`) and is renamed when complete; ``resume`` continues
-an interrupted run from its last complete window. Under torchrun each rank embeds lines ``i % world == rank``
-into its own part file and rank 0 merges them.
+an interrupted run from its last complete window (a stateful one from the LSTM states it had carried that far).
+Under torchrun each rank embeds lines ``i % world == rank`` into its own part file and rank 0 merges them.
 
 With ``sentence_keys`` (allennlp's ``elmo --use-sentence-keys``) a dataset is named by its sentence, the stripped
 line, instead of its line index: `SentenceKeys` checks every line of a file before anything is written (a blank
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from elmo_cli import h5dump
-from elmo_cli.distributed import init_distributed
+from elmo_cli.distributed import init_distributed, launched_world_size
 from elmo_cli.embed import (ENCODER_CHUNK, TokenEmbeddings, bf16_problem, compute_dtype_of, cpu_has_bf16, embed_batch,
                             token_embeddings)
 from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batches
@@ -204,9 +204,24 @@ class _Window:
             self.lines += len(batch)
             self.tokens_done += sum(n)
             report()
-        h5dump.mark_completed(self.f, end)
+        h5dump.mark_completed(self.f, end, self.saved_states() if self.stateful else None)
         if not batches:  # a window of blank or repeated lines only: the progress still moves
             report()
+
+    def saved_states(self) -> dict[str, np.ndarray]:
+        """The carried states as `h5dump.mark_completed` stores them: ``h (2, L, B, P)``, ``c (2, L, B, H)``."""
+        if self.states is None:
+            return {}
+        return {name: np.stack([np.stack([layer[k].cpu().numpy() for layer in direction])
+                                for direction in self.states]) for k, name in enumerate(("h", "c"))}
+
+    def restore_states(self, saved: dict[str, np.ndarray]) -> None:
+        """Carry on from `saved_states` (a resumed dump)."""
+        if not saved:
+            self.states = None
+            return
+        h, c = (torch.from_numpy(saved[name]).to(self.device) for name in ("h", "c"))
+        self.states = tuple([(h[d, l], c[d, l]) for l in range(h.shape[1])] for d in range(2))
 
 
 def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
@@ -233,6 +248,9 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     set_threads(threads)
     if stateful and compute_dtype != "fp32":
         raise ElmoError("--compute-dtype bf16 applies to the stateless path; drop --stateful or --compute-dtype")
+    if stateful and launched_world_size() > 1:  # each rank would carry state through its own share of the lines
+        raise ElmoError("--stateful carries LSTM state from batch to batch through the input in order, which "
+                        "torchrun's processes would split; run a stateful dump as one process")
     compute_dtype_of(compute_dtype)
     if compute_dtype == "bf16":
         problem = bf16_problem(loaded.device)
@@ -275,6 +293,12 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
             on_progress(DumpProgress(window.lines, window.tokens_done, my_total))
 
     try:
+        if stateful and completed:
+            saved = h5dump.read_states(f, completed)
+            if saved is None:
+                raise ElmoError(f"{part}: cannot resume this --stateful dump: the file does not hold the LSTM states "
+                                f"carried past line {completed}; run again without --resume")
+            window.restore_states(saved)
         report()
         n_lines, index = _embed_windows(input_path, errors, loaded.text.tokenize, completed, rank, world,
                                         max(1, window_batches) * batch_size, window, report,

@@ -19,7 +19,10 @@ Token cache (bilm-tf's ``dump_token_embeddings``)::
 While a dump runs it writes ``OUTPUT.partial`` (``OUTPUT.partial.rank{r}`` per rank under torchrun) and renames it to
 OUTPUT only when complete. The partial file carries two attributes that the final file never has:
 ``elmo_cli_settings`` (JSON of what determines the output, checked by ``--resume``) and ``elmo_cli_completed``
-(lines [0, completed) are fully written; a dataset at or beyond it may be half-written and is redone). A dump with
+(lines [0, completed) are fully written; a dataset at or beyond it may be half-written and is redone), and, for a
+``--stateful`` dump, the group ``elmo_cli_states``: the LSTM states carried past the completed lines (``h``
+`(2, L, B, P)` and ``c`` `(2, L, B, H)`, direction-major; none while they are still zero), so that a resumed dump
+goes on from them. A dump with
 sentence keys keeps its datasets under index names in the group ``LINES_GROUP`` of the partial file, so this
 bookkeeping is the same, and `name_by_sentence` moves them to their sentences when the dump is complete.
 """
@@ -39,6 +42,7 @@ TOKEN_CACHE_EMBEDDING = "embedding"
 TOKEN_CACHE_TOKENS = "tokens"
 SETTINGS_ATTR = "elmo_cli_settings"
 COMPLETED_ATTR = "elmo_cli_completed"
+STATES_GROUP = "elmo_cli_states"
 DTYPES = {"float32": np.float32, "float16": np.float16}
 COMPRESSIONS = ("none", "gzip", "lzf")
 # The partial file's group of a sentence-keyed dump. Keys are stripped lines, so a name that starts with a space is
@@ -125,10 +129,30 @@ def name_by_sentence(f: h5py.File, first: dict[str, int]) -> None:
         del f[LINES_GROUP]
 
 
-def mark_completed(f: h5py.File, completed: int) -> None:
-    """Record that lines [0, completed) are written, and push it to disk."""
+def mark_completed(f: h5py.File, completed: int, states: dict[str, np.ndarray] | None = None) -> None:
+    """Record that lines [0, completed) are written, and push it to disk. ``states`` (a stateful dump): the carried
+    states after those lines (``{}`` while they are zero), kept with the mark they belong to."""
+    if states is not None:
+        group = f.require_group(STATES_GROUP)
+        group.attrs[COMPLETED_ATTR] = -1  # not valid while being rewritten
+        for name in [n for n in group if n not in states or group[n].shape != states[n].shape]:
+            del group[name]
+        for name, array in states.items():
+            if name in group:
+                group[name][...] = array  # in place: a deleted dataset's space is not reused by HDF5
+            else:
+                group.create_dataset(name, data=array)
+        group.attrs[COMPLETED_ATTR] = completed
     f.attrs[COMPLETED_ATTR] = completed
     f.flush()
+
+
+def read_states(f: h5py.File, completed: int) -> dict[str, np.ndarray] | None:
+    """The carried states stored with the mark `completed` (``{}``: still zero), or None when the file has none."""
+    group = f.get(STATES_GROUP)
+    if group is None or int(group.attrs.get(COMPLETED_ATTR, -1)) != completed:
+        return None
+    return {name: group[name][...] for name in group}
 
 
 def write_sentence_index(f: h5py.File, sentence_to_index: dict[str, str]) -> None:
@@ -146,6 +170,8 @@ def strip_bookkeeping(f: h5py.File) -> None:
     for attr in (SETTINGS_ATTR, COMPLETED_ATTR):
         if attr in f.attrs:
             del f.attrs[attr]
+    if STATES_GROUP in f:
+        del f[STATES_GROUP]
 
 
 # ---- token cache ----------------------------------------------------------------------------------------------

@@ -6,23 +6,21 @@ import numpy as np
 import pytest
 import torch
 
+from allennlp_reference import WITHIN, assert_matches_reference, reference_layers, reference_sentences
 from elmo_cli.bilm_format import load_bilm, save_model_dir
 from elmo_cli.model import to_model_chars
 from vocab.chars import ByteChars
 from vocab.errors import ElmoError
 
 
-def _reference_sentences(reference_dir):
-    return [line.strip().split() for line in (reference_dir / "sentences.txt").read_text("utf-8").splitlines()]
-
-
 @pytest.mark.parametrize("batched", [False, True])
 def test_forward_matches_allennlp_reference(reference_dir, batched):
+    """The README's 5e-6 over every sentence, layer and feature (measured: 2.9e-6 one sentence at a time, 4.1e-6
+    all in one batch; see allennlp_reference)."""
     model = load_bilm(reference_dir / "options.json", reference_dir / "weights.hdf5")
     chars = ByteChars()
-    sents = _reference_sentences(reference_dir)
-    with h5py.File(reference_dir / "expected_all.hdf5") as f:
-        expected = [f[str(i)][...] for i in range(len(sents))]
+    sents = reference_sentences()
+    got = [None] * len(sents)
     groups = [list(range(len(sents)))] if batched else [[i] for i in range(len(sents))]
     with torch.no_grad():
         for group in groups:
@@ -33,9 +31,9 @@ def test_forward_matches_allennlp_reference(reference_dir, batched):
             lengths = torch.tensor([len(sents[i]) + 2 for i in group])
             layers, _ = model.embed(c, lengths)  # (3, B, T, 128)
             for r, i in enumerate(group):
-                got = layers[:, r, 1 : len(sents[i]) + 1].numpy()
-                assert got.shape == expected[i].shape == (3, len(sents[i]), 128)
-                np.testing.assert_allclose(got, expected[i], atol=1e-4, rtol=0)
+                got[i] = layers[:, r, 1 : len(sents[i]) + 1].numpy()
+    assert all(g.shape == (3, len(s), 128) for g, s in zip(got, sents))
+    assert_matches_reference(got, reference_layers(), WITHIN)
 
 
 def test_round_trip_is_bit_exact(reference_dir, tmp_path):

@@ -13,9 +13,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from allennlp_reference import REFERENCE, SMALL_BATCH_WITHIN, WITHIN, assert_matches_reference, reference_layers
 from elmo_cli.cli import app
 
-REFERENCE = Path(__file__).parent / "data" / "reference"
 MODEL_ARGS = ["--options", str(REFERENCE / "options.json"), "--weights", str(REFERENCE / "weights.hdf5")]
 runner = CliRunner()
 
@@ -28,20 +28,25 @@ def _invoke(args):
     return result, result.output + (result.stderr if result.stderr_bytes is not None else "")
 
 
-@pytest.mark.parametrize("batch_size", ["1", "5"])
-def test_dump_embeddings_reproduces_allennlp_reference(tmp_path, batch_size):
+def _dumped_layers(path: Path) -> list[np.ndarray]:
+    """A dump's datasets in line order (float32 checked), for `assert_matches_reference`."""
+    with h5py.File(path) as f:
+        assert all(f[str(i)].dtype == np.float32 for i in range(len(f) - 1))
+        return [f[str(i)][...] for i in range(len(f) - 1)]
+
+
+# The README's 5e-6 at the default --batch-size 64 (measured 4.77e-6); --batch-size 1 and 5 measure 5.72e-6, above
+# it (the 120-token sentence, layer 2; fp32 rounding, see allennlp_reference).
+@pytest.mark.parametrize("batch_size, within", [(None, WITHIN), ("1", SMALL_BATCH_WITHIN), ("5", SMALL_BATCH_WITHIN)])
+def test_dump_embeddings_reproduces_allennlp_reference(tmp_path, batch_size, within):
     out = tmp_path / "out.hdf5"
     result, text = _invoke(["dump-embeddings", REFERENCE / "sentences.txt", out, *MODEL_ARGS,
-                            "--batch-size", batch_size])
+                            *(["--batch-size", batch_size] if batch_size else [])])
     assert result.exit_code == 0, text
     with h5py.File(out) as got, h5py.File(REFERENCE / "expected_all.hdf5") as want:
         assert sorted(got.keys()) == sorted(want.keys())
-        for key in want:
-            if key == "sentence_to_index":
-                assert json.loads(got[key][0]) == json.loads(want[key][0])
-                continue
-            assert got[key].dtype == np.float32 and got[key].shape == want[key].shape
-            np.testing.assert_allclose(got[key][...], want[key][...], atol=1e-4, rtol=0, err_msg=key)
+        assert json.loads(got["sentence_to_index"][0]) == json.loads(want["sentence_to_index"][0])
+    assert_matches_reference(_dumped_layers(out), reference_layers(), within)
     assert not (tmp_path / "out.hdf5.partial").exists()
 
 
@@ -143,9 +148,8 @@ def test_torchrun_two_ranks_write_one_file(tmp_path):
         assert sorted(got.keys()) == sorted(want.keys())
         assert list(got.keys())[:3] == ["0", "1", "2"]  # in line order
         assert json.loads(got["sentence_to_index"][0]) == json.loads(want["sentence_to_index"][0])
-        for key in want:
-            if key != "sentence_to_index":
-                np.testing.assert_allclose(got[key][...], want[key][...], atol=1e-4, rtol=0)
+    # each rank embeds its 8 lines in batches of 3: measured 5.72e-6, as --batch-size 1 to 6 in one process
+    assert_matches_reference(_dumped_layers(out), reference_layers(), SMALL_BATCH_WITHIN)
 
 
 def test_model_dir_with_sentencepiece_tokenizes_with_it(tmp_path):

@@ -108,5 +108,8 @@ def test_too_few_sentences_for_rows(small_shards):
 
 
 def test_steps_per_epoch_as_bilm_tf():
-    assert steps_per_epoch(768_648_884, 128, 20, 3) == 768_648_884 // (128 * 20 * 3)
+    # bilm-tf's 1B Word Benchmark run: 768,648,884 tokens, batch 128, unroll 20, 3 GPUs -> 100,084 batches per
+    # epoch (7,680 tokens per step; 100,084.49 rounded down)
+    assert steps_per_epoch(768_648_884, 128, 20, 3) == 100_084
+    assert steps_per_epoch(768_648_884, 128, 20) == 300_253
     assert steps_per_epoch(10, 128, 20) == 1

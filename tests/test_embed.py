@@ -1,4 +1,7 @@
 """elmo_cli.embed: stateless batching, the token memo and cache, layer reductions, interrupt + resume."""
+import json
+import shutil
+
 import h5py
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from elmo_cli.embed import TokenEmbeddings, embed_batch
 from elmo_cli.inputs import length_sorted_batches
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import load_model
+from lstm_stream import Float64BiLSTM, row_streams
 from vocab.errors import ElmoError
 
 REFERENCE = Path(__file__).parent / "data" / "reference"
@@ -174,17 +178,39 @@ def test_token_cache_rows_are_used(loaded, tmp_path):
     assert np.all(layers[0, 0, 2] == 7.0) and not np.any(layers[0, 0, 1] == 7.0)
 
 
-def test_stateful_warns_and_depends_on_history(loaded, text_file, tmp_path):
-    path, _ = text_file
+@pytest.mark.parametrize("batch_size, window_batches", [(2, 100), (3, 1)])
+def test_stateful_dump_carries_each_rows_state_as_bilm_tf(loaded, text_file, tmp_path, batch_size, window_batches):
+    """--stateful against the stream computed independently (tests/lstm_stream.py, float64, one row at a time, no
+    batching): line i, an empty one as ``<S> </S>``, runs in row i % batch_size from the final states, per
+    direction, of line i - batch_size. The input has empty lines, and a 120-token line whose batch partner is 5
+    tokens long (padding must not move that partner's state); window_batches=1 carries the state across windows."""
+    path, lines = text_file
     warnings = []
-    dump_embeddings(loaded, path, tmp_path / "s.hdf5", stateful=True, batch_size=2, on_warning=warnings.append)
-    dump_embeddings(loaded, path, tmp_path / "p.hdf5", batch_size=2)
+    dump_embeddings(loaded, path, tmp_path / "s.hdf5", stateful=True, batch_size=batch_size,
+                    window_batches=window_batches, on_warning=warnings.append)
     assert len(warnings) == 1 and "--stateful" in warnings[0]
-    s, _ = _read(tmp_path / "s.hdf5")
-    p, _ = _read(tmp_path / "p.hdf5")
-    np.testing.assert_allclose(s["0"], p["0"], atol=1e-5)  # the first batch starts from zero state too
-    np.testing.assert_array_equal(s["2"][0], p["2"][0])  # layer 0 has no state
-    assert np.abs(s["2"][1:] - p["2"][1:]).max() > 1e-3  # ... the LSTM layers carry the earlier lines
+    got, _ = _read(tmp_path / "s.hdf5")
+    assert sorted(got, key=int) == [str(i) for i in range(len(lines))]
+    lstm = Float64BiLSTM(REFERENCE / "weights.hdf5", json.loads((REFERENCE / "options.json").read_text())["lstm"])
+    encoder = TokenEmbeddings(loaded.model, loaded.text.chars, loaded.device)  # layer 0, checked against allennlp
+    worst = 0.0
+    for row in row_streams(len(lines), batch_size):
+        forward_state, backward_state = lstm.zero_states(), lstm.zero_states()
+        for i in row:
+            x = encoder.encode(["<S>", *lines[i].split(), "</S>"]).double().numpy()  # (n + 2, P)
+            fwd, forward_state = lstm.run(0, x, forward_state)
+            bwd, backward_state = lstm.run(1, x[::-1], backward_state)
+            want = np.stack([np.concatenate([x, x], 1)] +
+                            [np.concatenate([f, b[::-1]], 1) for f, b in zip(fwd, bwd)])[:, 1:-1]
+            assert got[str(i)].shape == want.shape
+            if want.size:
+                worst = max(worst, float(np.abs(got[str(i)] - want).max()))
+    assert worst < 1e-5  # measured 1.8e-6 (batch 2) and 2.2e-6 (batch 3)
+    # Not vacuous: the carried states move the later lines far more than that (the first batch starts from zero).
+    dump_embeddings(loaded, path, tmp_path / "p.hdf5", batch_size=batch_size)
+    stateless, _ = _read(tmp_path / "p.hdf5")
+    np.testing.assert_allclose(got["0"], stateless["0"], atol=1e-5, rtol=0)
+    assert min(np.abs(got[k] - stateless[k]).max() for k in got if int(k) >= batch_size and got[k].size) > 1e-3
 
 
 def test_interrupted_dump_resumes_to_the_same_file(loaded, text_file, tmp_path):
@@ -218,6 +244,53 @@ def test_interrupted_dump_resumes_to_the_same_file(loaded, text_file, tmp_path):
         np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=0)
     with h5py.File(out) as f:
         assert h5dump.COMPLETED_ATTR not in f.attrs and h5dump.SETTINGS_ATTR not in f.attrs
+
+
+def test_interrupted_stateful_dump_resumes_with_its_carried_states(loaded, text_file, tmp_path):
+    """--resume of a --stateful dump goes on from the states each row had reached at the last complete window: the
+    file equals an uninterrupted dump's (it used to restart every row from zero state, silently)."""
+    path, lines = text_file
+    out = tmp_path / "o.hdf5"
+
+    class Stop(Exception):
+        pass
+
+    def stop(p: DumpProgress):
+        if p.lines >= 10:
+            raise Stop
+
+    args = dict(stateful=True, batch_size=2, window_batches=2)
+    with pytest.raises(Stop):
+        dump_embeddings(loaded, path, out, on_progress=stop, **args)
+    # A partial file without the states (as one written before they were kept) is refused, not restarted from zero.
+    older = h5dump.partial_path(tmp_path / "older.hdf5")
+    shutil.copy(h5dump.partial_path(out), older)
+    with h5py.File(older, "a") as f:
+        del f[h5dump.STATES_GROUP]
+    with pytest.raises(ElmoError, match="cannot resume this --stateful dump: .* LSTM states carried past line 8"):
+        dump_embeddings(loaded, path, tmp_path / "older.hdf5", resume=True, **args)
+    result = dump_embeddings(loaded, path, out, resume=True, **args)
+    assert result.resumed_from == 8  # two windows of 2 x 2 lines
+    dump_embeddings(loaded, path, tmp_path / "straight.hdf5", **args)
+    got, got_index = _read(out)
+    want, want_index = _read(tmp_path / "straight.hdf5")
+    assert got_index == want_index and sorted(got) == sorted(want) == sorted(str(i) for i in range(len(lines)))
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+    with h5py.File(out) as f:  # no bookkeeping left in the finished file
+        assert set(f.keys()) == set(want) | {"sentence_to_index"} and not f.attrs.keys()
+
+
+def test_stateful_refused_under_torchrun(loaded, text_file, tmp_path, monkeypatch):
+    """Under torchrun each process would carry state through its own share of the lines (i % world == rank), so
+    the vectors depended on the number of processes (up to 3.5 apart from a one-process --stateful dump at
+    2 processes, batch 2); refused before any file is written or process group joined."""
+    path, _ = text_file
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ElmoError, match="run a stateful dump as one process"):
+        dump_embeddings(loaded, path, tmp_path / "o.hdf5", stateful=True)
+    assert list(tmp_path.iterdir()) == [path]
 
 
 def test_resume_refuses_other_settings(loaded, text_file, tmp_path):

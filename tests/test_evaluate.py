@@ -3,6 +3,7 @@ import json
 import math
 import random
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -13,6 +14,7 @@ from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.model import BiLM, to_model_chars
+from lstm_stream import Float64BiLSTM, row_streams
 from vocab.errors import ElmoError
 from vocab.tokenize import TextEncoder
 from vocab.vocabulary import Vocabulary
@@ -113,10 +115,20 @@ def test_counts_and_per_sentence_sum_to_totals(model_dir, text_file, tmp_path):
     assert sum(row["tokens"] for row in scored) == r.tokens
     assert sum(row["forward_logprob"] for row in scored) == pytest.approx(r.forward_logprob, rel=1e-12)
     assert sum(row["backward_logprob"] for row in scored) == pytest.approx(r.backward_logprob, rel=1e-12)
-    assert r.forward_perplexity == pytest.approx(math.exp(-r.forward_logprob / r.tokens))
-    assert r.average_perplexity == pytest.approx((r.forward_perplexity + r.backward_perplexity) / 2)
-    assert r.mean_loss_perplexity == pytest.approx(math.sqrt(r.forward_perplexity * r.backward_perplexity))
     assert not list(tmp_path.glob(".scores.jsonl.tmp*"))
+
+
+def test_perplexities_from_totals_hand_computed():
+    """4 targets per direction at log-probabilities 4 ln(1/10) and 4 ln(1/40): perplexities 10 and 40, the paper's
+    average 25, exp of the mean loss sqrt(10 * 40) = 20; an exp past float range is infinity, not an error."""
+    r = ev.EvalResult(sentences=2, blank_lines=0, words=2, oov_words=0, tokens=4, excluded_unk=0,
+                      forward_logprob=-4 * math.log(10), backward_logprob=-4 * math.log(40), exclude_unk=False,
+                      stateful=False, vocab_size=50, seconds=2.0)
+    assert (r.forward_perplexity, r.backward_perplexity) == (pytest.approx(10.0), pytest.approx(40.0))
+    assert r.average_perplexity == pytest.approx(25.0) and r.mean_loss_perplexity == pytest.approx(20.0)
+    assert r.tokens_per_second == 2.0 and r.to_dict()["average_perplexity"] == pytest.approx(25.0)
+    diverged = ev.EvalResult(1, 0, 1, 0, 2, 0, -2000.0, -2.0, False, False, 50, 1.0)
+    assert diverged.forward_perplexity == math.inf and diverged.average_perplexity == math.inf
 
 
 @pytest.mark.parametrize("exclude_unk", [False, True])
@@ -136,8 +148,11 @@ def test_matches_float64_brute_force(model_dir, text_file, tmp_path, exclude_unk
         total_f, total_b, total_n = total_f + f, total_b + b, total_n + n
     assert r.tokens == total_n
     assert r.excluded_unk == (1 if exclude_unk else 0)
-    assert r.forward_perplexity == pytest.approx(math.exp(-total_f / total_n), rel=1e-5)
-    assert r.backward_perplexity == pytest.approx(math.exp(-total_b / total_n), rel=1e-5)
+    forward, backward = math.exp(-total_f / total_n), math.exp(-total_b / total_n)
+    assert r.forward_perplexity == pytest.approx(forward, rel=1e-5)
+    assert r.backward_perplexity == pytest.approx(backward, rel=1e-5)
+    assert r.average_perplexity == pytest.approx((forward + backward) / 2, rel=1e-5)
+    assert r.mean_loss_perplexity == pytest.approx(math.exp(-(total_f + total_b) / (2 * total_n)), rel=1e-5)
     assert r.forward_perplexity != pytest.approx(r.backward_perplexity, rel=1e-3)  # the directions really differ
 
 
@@ -169,18 +184,52 @@ def test_stateless_scores_independent_of_batch_size_and_order(model_dir, text_fi
             assert b["backward_logprob"] == pytest.approx(a["backward_logprob"], rel=1e-5, abs=1e-6)
 
 
-def test_stateful_carries_state_per_batch_row(model_dir, text_file, tmp_path):
+@pytest.mark.parametrize("batch_size, pool_batches", [(2, None), (3, 1)])
+def test_stateful_carries_state_per_batch_row(model_dir, text_file, tmp_path, monkeypatch, batch_size, pool_batches):
+    """--stateful against bilm-tf's training streams computed independently (tests/lstm_stream.py, float64 from
+    weights.hdf5 and softmax.hdf5, one row at a time): the k-th non-blank line runs in row k % batch_size, the
+    forward model reads <S> w1 .. wn and the backward </S> wn .. w1, each from its own final state after line
+    k - batch_size (</S> and <S> are only targets, so never advance the state). pool_batches=1 carries the state
+    across evaluate's pools."""
+    if pool_batches is not None:
+        monkeypatch.setattr(ev, "_POOL_BATCHES", pool_batches)
     loaded = load_model(model_dir)
     out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    stateless = ev.evaluate(loaded, [text_file], batch_size=2, per_sentence_path=out_a)
-    stateful = ev.evaluate(loaded, [text_file], batch_size=2, per_sentence_path=out_b, stateful=True)
+    stateless = ev.evaluate(loaded, [text_file], batch_size=batch_size, per_sentence_path=out_a)
+    stateful = ev.evaluate(loaded, [text_file], batch_size=batch_size, per_sentence_path=out_b, stateful=True)
     assert stateful.stateful and not stateless.stateful and stateful.tokens == stateless.tokens
-    a = [r for r in read_jsonl(out_a) if r["words"]]
-    b = [r for r in read_jsonl(out_b) if r["words"]]
-    # The first batch (two sentences) starts from zero state in both modes; later ones do not in stateful mode.
-    for x, y in zip(a[:2], b[:2]):
-        assert y["forward_logprob"] == pytest.approx(x["forward_logprob"], rel=1e-5)
-    assert any(abs(x["forward_logprob"] - y["forward_logprob"]) > 1e-3 for x, y in zip(a[2:], b[2:]))
+    rows = [r for r in read_jsonl(out_b) if r["words"]]
+    sentences = [loaded.text.tokenize(line) for line in LINES if line.strip()]
+    assert [r["words"] for r in rows] == [len(s) for s in sentences]
+
+    lstm = Float64BiLSTM(model_dir / "weights.hdf5", json.loads((model_dir / "options.json").read_text())["lstm"])
+    with h5py.File(model_dir / "softmax.hdf5") as f:
+        W, b = f["W"][...].astype(np.float64), f["b"][...].astype(np.float64)  # (V, P), (V,)
+    vocab = loaded.text.vocab
+
+    def log_probs(h, targets):  # full softmax, float64
+        logits = h @ W.T + b
+        m = logits.max(1, keepdims=True)
+        lp = logits - m - np.log(np.exp(logits - m).sum(1, keepdims=True))
+        return float(lp[np.arange(len(targets)), targets].sum())
+
+    for row in row_streams(len(sentences), batch_size):
+        forward_state, backward_state = lstm.zero_states(), lstm.zero_states()
+        for k in row:
+            words = sentences[k]
+            with torch.no_grad():
+                x = loaded.model.encoder(to_model_chars(loaded.text.chars.encode_tokens(["<S>", *words, "</S>"])))
+            x = x.double().numpy()  # (n + 2, P)
+            ids = [vocab.id_of(t) for t in ["<S>", *words, "</S>"]]
+            fwd, forward_state = lstm.run(0, x[:-1], forward_state)  # <S> w1 .. wn
+            bwd, backward_state = lstm.run(1, x[::-1][:-1], backward_state)  # </S> wn .. w1
+            assert rows[k]["forward_logprob"] == pytest.approx(log_probs(fwd[-1], ids[1:]), rel=1e-6, abs=1e-5)
+            assert rows[k]["backward_logprob"] == pytest.approx(log_probs(bwd[-1], ids[::-1][1:]), rel=1e-6,
+                                                                abs=1e-5)
+    # Not vacuous: every sentence after the first batch scores differently from zero state.
+    plain = [r for r in read_jsonl(out_a) if r["words"]]
+    assert all(abs(x["forward_logprob"] - y["forward_logprob"]) > 1e-2 for x, y in
+               zip(plain[batch_size:], rows[batch_size:]))
 
 
 def test_chunked_log_probs_match_log_softmax(monkeypatch):

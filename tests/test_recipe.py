@@ -29,7 +29,7 @@ def test_lr_factor_hand_computed():
     assert lr_factor(0.0, const) == lr_factor(0.7, const) == 1.0
     lin = TrainingConfig(lr_schedule="linear", final_lr_ratio=0.1)
     assert lr_factor(0.0, lin) == 1.0 and lr_factor(1.0, lin) == pytest.approx(0.1)
-    assert lr_factor(0.5, lin) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(0.5, lin) == pytest.approx(0.55)  # halfway from 1 down to 0.1
     cos = TrainingConfig(lr_schedule="cosine", warmup=0.1)
     assert lr_factor(0.05, cos) == pytest.approx(0.5)  # halfway up the warmup
     assert lr_factor(0.1, cos) == pytest.approx(1.0)

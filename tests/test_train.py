@@ -243,19 +243,82 @@ def test_bf16_autocast_trains_on_cpu(shards, tmp_path):
     assert math.isfinite(r.train_loss) and math.isfinite(r.validation["average_perplexity"])
 
 
+def _one_rank_gradient(model: BiLM, batch, negatives_seed: int, tc) -> list[torch.Tensor]:
+    """The gradient of one process's first-step loss, computed alone: its rows, its own negatives."""
+    from elmo_cli.model.softmax import log_uniform_sample
+    from elmo_cli.train import BiLMLoss
+
+    sampler = torch.Generator().manual_seed(negatives_seed)
+    drawn = [log_uniform_sample(tc.n_negative_samples, model.softmax.vocab_size, sampler) for _ in range(2)]
+    model.zero_grad(set_to_none=True)
+    f_loss, b_loss, _ = BiLMLoss(model)(batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets,
+                                        (None, None), tuple(d[0] for d in drawn), tuple(d[1] for d in drawn),
+                                        batch.starts)
+    ((f_loss + b_loss) / 2).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
 def test_torchrun_two_processes_gloo(shards, tmp_path):
+    """Two gloo processes; their first step is the one-process step on both processes' rows with the gradients
+    averaged (DistributedDataParallel's all-reduce), each process drawing its own negatives."""
+    from elmo_cli.data import SentenceStreams
+    from elmo_cli.train import fit_to_data, lr_factor
+
     _, train_dir, _ = shards
-    config = _write_config(tmp_path / "config.json", checkpoint_every=10)
+    steps = 4
+    # No dropout (its masks are per process) and no clipping (it would hide a sum of gradients behind a rescale).
+    config = _write_config(tmp_path / "config.json", checkpoint_every=1, keep_checkpoints=steps, dropout=0.0,
+                           clip_norm=0.0)
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(29500 + os.getpid() % 1000),
          str(BIN / "elmo-cli"), "train", "--data", str(train_dir), "--output", str(run), "--config", str(config),
-         "--max-steps", "12"], capture_output=True, text=True, timeout=300, env=env)
+         "--max-steps", str(steps)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = load_checkpoint(latest_checkpoint(run))
-    assert ckpt["step"] == 12 and len(ckpt["ranks"]) == 2
+    assert ckpt["step"] == steps and len(ckpt["ranks"]) == 2
     # each process read its own rows: rank 1's positions are not rank 0's
     assert not torch.equal(ckpt["ranks"][0]["data"], ckpt["ranks"][1]["data"])
     assert load_model(run).model.softmax is not None
-    assert proc.stdout.count("finished: step 12/12") == 1  # only rank 0 reports
+    assert proc.stdout.count(f"finished: step {steps}/{steps}") == 1  # only rank 0 reports
+
+    # The first step again in this process. The two processes' rows are rows 0..B-1 and B..2B-1 of one 2B-row
+    # layout of the streams; each process draws its negatives from its own generator (seed * 1_000_003 + rank + 1).
+    first = load_checkpoint(list_checkpoints(run)[0])
+    assert first["step"] == 1
+    dataset = ShardDataset(train_dir)
+    cfg = fit_to_data(tiny_config(dropout=0.0, clip_norm=0.0), dataset)
+    tc, B = cfg.training, cfg.training.batch_size
+    lr = tc.lr * lr_factor(0.0, tc)  # the first step's learning rate
+    torch.manual_seed(tc.seed)  # the model every process starts from
+    model = BiLM(cfg.model, vocab_size=len(dataset.vocab), dropout=0.0)
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    both = SentenceStreams(dataset, range(2 * B), 2 * B, seed=tc.seed).next_batch(tc.unroll_steps)
+    grads = []
+    for rank in range(2):
+        rows = slice(rank * B, (rank + 1) * B)
+        batch = dataclasses.replace(both, fwd_chars=both.fwd_chars[rows], bwd_chars=both.bwd_chars[rows],
+                                    fwd_targets=both.fwd_targets[rows], bwd_targets=both.bwd_targets[rows],
+                                    starts=both.starts[rows])
+        grads.append(_one_rank_gradient(model, batch, tc.seed * 1_000_003 + rank + 1, tc))
+    names = [name for name, _ in model.named_parameters()]
+    state = first["optimizer"]["state"]
+
+    def adagrad(kind: str) -> tuple[dict, dict]:
+        """One Adagrad step (torch's: sum += g^2, w -= lr g / (sqrt(sum) + 1e-10)) with the gradients combined."""
+        weights, sums = {}, {}
+        for k, name in enumerate(names):
+            g = {"mean": (grads[0][k] + grads[1][k]) / 2, "sum": grads[0][k] + grads[1][k], "rank 0": grads[0][k],
+                 "rank 1": grads[1][k]}[kind]
+            sums[name] = tc.initial_accumulator + g * g
+            weights[name] = start[name] - lr * g / (sums[name].sqrt() + 1e-10)
+        return weights, sums
+
+    weights, sums = adagrad("mean")
+    for k, name in enumerate(names):
+        torch.testing.assert_close(first["model"][name], weights[name], atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(state[k]["sum"], sums[name], atol=1e-6, rtol=1e-6, msg=name)
+    for kind in ("sum", "rank 0", "rank 1"):  # what a wrong reduction would give is far from it
+        other, _ = adagrad(kind)
+        assert max(float((first["model"][n] - other[n]).abs().max()) for n in names) > 1e-3, kind
