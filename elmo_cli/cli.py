@@ -496,8 +496,9 @@ def cli_dump_embeddings(
     batch_size: int = batch_size_option(),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | float16 (the stored vectors)."),
     compression: str = typer.Option("none", "--compression", help="none | gzip | lzf."),
-    stateful: bool = typer.Option(False, "--stateful", help="Carry LSTM state between batches (legacy; output "
-                                                            "then depends on order and batch size)."),
+    stateful: bool = typer.Option(False, "--stateful", help="Carry LSTM state between batches, per batch row, as "
+                                                            "allennlp and bilm-tf did (output then depends on order "
+                                                            "and batch size; one process, not under torchrun)."),
     device: str = device_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted dump from OUTPUT.partial."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
