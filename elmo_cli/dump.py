@@ -303,6 +303,7 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
         n_lines, index = _embed_windows(input_path, errors, loaded.text.tokenize, completed, rank, world,
                                         max(1, window_batches) * batch_size, window, report,
                                         sentence_index and rank == 0 and keys is None, keys)
+        tokens = window.tokens_done
         if world == 1:
             h5dump.strip_bookkeeping(f)
             if keys is not None:
@@ -314,6 +315,7 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
         else:
             f.close()
             _merge_ranks(output, rank, world, n_lines, index if sentence_index and keys is None else None, keys)
+            tokens = _sum_over_ranks(tokens, device)
     except SentenceKeyError:  # a bad line of standard input: the partial file can never be completed
         f.close()
         part.unlink(missing_ok=True)
@@ -326,7 +328,16 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
         on_warning(f"--use-sentence-keys: {repeats} line(s) repeat an earlier sentence and share its dataset "
                    f"(stateless vectors of identical sentences are identical): {len(keys.first)} datasets for "
                    f"{n_lines} lines")
-    return DumpResult(output, n_lines, window.tokens_done, completed, repeats)
+    return DumpResult(output, n_lines, tokens, completed, repeats)
+
+
+def _sum_over_ranks(count: int, device: torch.device) -> int:
+    """A count summed over the torchrun processes (each embedded its share of the lines)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([count], dtype=torch.long, device=device)
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 def _embed_windows(input_path: Path, errors: str, tokenize: Callable[[str], list[str]], completed: int, rank: int,

@@ -150,6 +150,9 @@ def test_torchrun_two_ranks_write_one_file(tmp_path):
         assert json.loads(got["sentence_to_index"][0]) == json.loads(want["sentence_to_index"][0])
     # each rank embeds its 8 lines in batches of 3: measured 5.72e-6, as --batch-size 1 to 6 in one process
     assert_matches_reference(_dumped_layers(out), reference_layers(), SMALL_BATCH_WITHIN)
+    # the summary counts every rank's tokens, not rank 0's share
+    words = sum(len(line.split()) for line in (REFERENCE / "sentences.txt").read_text(encoding="utf-8").splitlines())
+    assert f"16 lines, {words} tokens embedded" in " ".join(proc.stdout.split()), proc.stdout
 
 
 def test_model_dir_with_sentencepiece_tokenizes_with_it(tmp_path):
