@@ -30,6 +30,8 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(BIN)/python -m pytest
 
+# The whole pipeline on the Austen demo corpus (examples/demo.sh): the `laptop` recipe for a fixed 1600 steps, then
+# held-out perplexity beside 5-gram Kneser-Ney (biLM/KN5 0.895; about 6 minutes on 2 cores; examples/demo-result.txt).
 demo: install
 	bash examples/demo.sh
 

@@ -94,6 +94,7 @@ def plot_runs(runs: list[RunMetrics], output: str | Path) -> Path:
                 yscale="log")
     rate_ax.set(title="training speed", xlabel="step", ylabel="tokens / s")
     rate_ax.set_ylim(bottom=0)
+    time_ax.set_xlim(left=0)  # from the start of training: the first validation comes minutes in
     from matplotlib.ticker import LogFormatter, ScalarFormatter
 
     for ax in (ppl_ax, time_ax):  # perplexities as plain numbers (60, 70, 80), not 6x10^1
