@@ -1,4 +1,4 @@
-"""bilm-tf's model files, both ways: ``options.json`` + ``weights.hdf5`` (spec §3–4), and our ``softmax.hdf5``.
+"""bilm-tf's model files, both ways: ``options.json`` + ``weights.hdf5`` (docs/formats.md), and our ``softmax.hdf5``.
 
 weights.hdf5 layout (all float32, TensorFlow orientation ``y = x @ W``, no attributes):
 

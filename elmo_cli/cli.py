@@ -35,7 +35,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     """Train and use ELMo-style contextual word representations on your own corpus."""
 
 
-# ---- build-vocab, shard (issue: corpus preparation) ------------------------------------------------------------
+# ---- build-vocab, shard ------------------------------------------------------------
 
 
 def _vocab_table(stats) -> "Table":
@@ -150,7 +150,7 @@ def cli_shard(
         )
 
 
-# ---- train (issue: the biLM) -----------------------------------------------------------------------------------
+# ---- train -----------------------------------------------------------------------------------
 def _clock(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
@@ -319,7 +319,7 @@ def cli_train(
                           f"(average perplexity {result.best['average_perplexity']:.2f})", highlight=False)
 
 
-# ---- evaluate (issue: perplexity) ------------------------------------------------------------------------------
+# ---- evaluate ------------------------------------------------------------------------------
 _BASELINES = ("kn", "unigram")
 
 
@@ -457,7 +457,7 @@ def cli_evaluate(
         console.print(f"per-sentence scores: {per_sentence}", highlight=False)
 
 
-# ---- export, dump-embeddings, dump-token-embeddings (issue: embeddings) ----------------------------------------
+# ---- export, dump-embeddings, dump-token-embeddings ----------------------------------------
 @command(app, "export", "Write a model directory that allennlp's Elmo loads.")
 def cli_export(
     model: Optional[Path] = model_option(),

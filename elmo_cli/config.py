@@ -1,4 +1,4 @@
-"""Model configuration: the `lstm` and `char_cnn` sections of bilm-tf's options.json (spec §3), as dataclasses.
+"""Model configuration: the `lstm` and `char_cnn` sections of bilm-tf's options.json (docs/formats.md, options.json), as dataclasses.
 
 `ModelConfig.from_options(json.load(f))` accepts both bilm-tf forms (`n_characters` 261 or 262) and training-only
 keys, and `to_options()` writes the prediction form (262) that allennlp reads. The named shapes are in `elmo_cli.presets`.

@@ -1,4 +1,4 @@
-"""Shards -> (B, T, W) batches for the biLM: persistent sentence streams, bilm-tf style (spec §7).
+"""Shards -> (B, T, W) batches for the biLM: persistent sentence streams, bilm-tf style (bilm-tf's).
 
 Each of the R rows (over all processes) is an endless stream of sentences. Per sentence of n words the two
 directions get n + 1 (input, target) pairs each::

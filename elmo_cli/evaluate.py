@@ -1,4 +1,4 @@
-"""`elmo-cli evaluate`: the test perplexity of a biLM, full softmax, both directions (spec §7).
+"""`elmo-cli evaluate`: the test perplexity of a biLM, full softmax, both directions (bilm-tf's).
 
 What is scored. Each non-blank input line ``w1 .. wn`` is one sentence. The forward model reads ``<S> w1 .. wn``
 and predicts the targets ``w1 .. wn </S>``; the backward model reads ``</S> wn .. w1`` and predicts

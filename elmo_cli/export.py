@@ -4,7 +4,7 @@ The output holds exactly what prediction and other tools need, re-written (not c
 file that does not match its options is caught here rather than by the user of the export:
 
     options.json     prediction form (n_characters 262 in byte mode), no training keys
-    weights.hdf5     bilm-tf layout (spec §4), read by allennlp's ``Elmo(options_file, weight_file)``
+    weights.hdf5     bilm-tf layout (docs/formats.md, weights.hdf5), read by allennlp's ``Elmo(options_file, weight_file)``
     softmax.hdf5     ``W (V, P)``, ``b (V,)`` when the model has a softmax
     vocab.txt, chars.json, spm.model     when the source directory has them
 """

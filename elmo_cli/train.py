@@ -1,4 +1,4 @@
-"""Training the biLM: `train(config, data_dir, run_dir, ...)`, bilm-tf's recipe (spec §7) in PyTorch.
+"""Training the biLM: `train(config, data_dir, run_dir, ...)`, bilm-tf's recipe (bilm-tf's) in PyTorch.
 
 One step: the next (B, T) window of every persistent stream (`elmo_cli.data`) through the token encoder and both
 LSTM stacks (states carried, detached, from the previous step), the sampled softmax loss of each direction (own

@@ -1,6 +1,6 @@
 """The training configuration: one JSON file, a superset of bilm-tf's options.json.
 
-    {"lstm": {...}, "char_cnn": {...},      # as in options.json (spec §3); any subset, the rest from the preset
+    {"lstm": {...}, "char_cnn": {...},      # as in options.json (docs/formats.md, options.json); any subset, the rest from the preset
      "training": {"batch_size": 128, ...}}  # TrainingConfig fields; any subset
 
 bilm-tf's own top-level training keys (``dropout``, ``n_epochs``, ``batch_size``, ``unroll_steps``,

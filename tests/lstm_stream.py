@@ -1,4 +1,4 @@
-"""bilm-tf's carried LSTM state, computed here independently: spec §5.3-5.4 in float64 numpy, straight from the
+"""bilm-tf's carried LSTM state, computed here independently: bilm-tf's LSTM stack in float64 numpy, straight from the
 weights.hdf5 arrays, one batch row's stream of sentences at a time.
 
 What the carried-state modes promise (elmo_cli/dump.py, elmo_cli/evaluate.py): batch row b continues row b of the

@@ -1,4 +1,4 @@
-"""Persistent sentence streams (spec §7): pairs per sentence, continuity, exact restore, epochs, finite mode."""
+"""Persistent sentence streams (bilm-tf's): pairs per sentence, continuity, exact restore, epochs, finite mode."""
 from __future__ import annotations
 
 from pathlib import Path

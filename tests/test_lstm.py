@@ -1,4 +1,4 @@
-"""The projected, clipped LSTM cell of spec §5.3 against an independent float64 implementation."""
+"""The projected, clipped LSTM cell of bilm-tf against an independent float64 implementation."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +12,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def reference_layer(x, W0, B, WP, cell_clip, proj_clip, h, c):
-    """Spec §5.3 in float64, TensorFlow orientation: z = [x_t ; h] @ W0 + B, gates i, j, f, o, forget bias +1.
+    """bilm-tf's cell in float64, TensorFlow orientation: z = [x_t ; h] @ W0 + B, gates i, j, f, o, forget bias +1.
 
     Returns outputs (B, T, P), final h, final c, and every clipped-or-not cell/projection value seen.
     """

@@ -1,4 +1,4 @@
-"""The whole biLM forward against spec §5, written here independently in float64 from bilm-tf's arrays."""
+"""The whole biLM forward against bilm-tf's, written down in docs/design.md, written here independently in float64 from bilm-tf's arrays."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +22,7 @@ def _sig(x):
 
 
 def reference_token(a: dict, chars: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """Spec §5.1-5.2 for one token; `chars` are raw ids (W,)."""
+    """bilm-tf's token encoder for one token; `chars` are raw ids (W,)."""
     emb = np.concatenate([np.zeros((1, a["char_embed"].shape[1])), a["char_embed"]])[chars + 1]  # (W, E)
     W = len(chars)
     pooled = []
@@ -40,7 +40,7 @@ def reference_token(a: dict, chars: np.ndarray, config: ModelConfig) -> np.ndarr
 
 
 def reference_stack(a: dict, xs: np.ndarray, d: int, config: ModelConfig) -> list[np.ndarray]:
-    """Spec §5.3-5.4 for one direction over a sequence (T, P) from zero state."""
+    """bilm-tf's LSTM stack for one direction over a sequence (T, P) from zero state."""
     H, P = config.lstm.dim, config.lstm.projection_dim
     layers, inp = [], xs
     for l in range(config.lstm.n_layers):

@@ -1,4 +1,4 @@
-"""Character ids of tokens (spec §2).
+"""Character ids of tokens (docs/formats.md, Character ids).
 
 A *character encoder* maps a token to a row of ``max_chars`` raw ids. Both modes share one layout, with
 ``n_base`` ordinary character ids followed by five specials::

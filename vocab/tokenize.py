@@ -2,7 +2,7 @@
 
 A directory that carries text processing holds up to three files (fixed names, so any directory can be read):
 
-    vocab.txt    the vocabulary (spec §1), optional for pure embedding
+    vocab.txt    the vocabulary (docs/formats.md, Vocabulary), optional for pure embedding
     chars.json   the character encoder (`vocab.chars.load_chars`); absent means byte mode, 50 chars per token
     spm.model    a SentencePiece model; present means lines are split into its pieces instead of on whitespace
 

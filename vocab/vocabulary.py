@@ -1,4 +1,4 @@
-"""The token vocabulary (spec §1) and `build_vocab`, which makes one from a corpus.
+"""The token vocabulary (docs/formats.md, Vocabulary) and `build_vocab`, which makes one from a corpus.
 
 File format (bilm-tf's): UTF-8, one token per line, id = 0-based line index, ``<S>``, ``</S>``, ``<UNK>`` first,
 then tokens by descending corpus count. Ties are broken by the token's UTF-8 bytes ascending, so the same

@@ -12,13 +12,13 @@ from elmo_cli.model.softmax import SharedSoftmax
 
 
 def to_model_chars(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Raw character ids (spec §2) -> prediction form (+1, 0 = no token), as int64 torch."""
+    """Raw character ids (docs/formats.md, Character ids) -> prediction form (+1, 0 = no token), as int64 torch."""
     t = torch.as_tensor(np.asarray(raw, dtype=np.int64)) if isinstance(raw, np.ndarray) else raw.long()
     return t + 1
 
 
 class BiLM(nn.Module):
-    """ELMo's biLM (spec §5). The softmax is optional: a model read from bilm-tf weights has none.
+    """ELMo's biLM, as bilm-tf builds it. The softmax is optional: a model read from bilm-tf weights has none.
 
     # Parameters
     config : `ModelConfig`

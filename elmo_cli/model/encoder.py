@@ -1,4 +1,4 @@
-"""Token encoder (spec §5.1–5.2): characters -> CNN -> max-pool -> activation -> highway -> projection."""
+"""Token encoder (bilm-tf's): characters -> CNN -> max-pool -> activation -> highway -> projection."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""The LSTM with projection and clipping of spec §5.3, the residual stack of §5.4, and the inference kernel.
+"""The LSTM with projection and clipping of bilm-tf, the residual stack, and the inference kernel.
 
 What lives here: `ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `BiLSTMKernel` (both
 stacks of a biLM for stateless inference, the two directions in one batched step loop), `reverse_padded` and the
@@ -82,7 +82,7 @@ class ProjectedLSTMLayer(nn.Module):
         self.projection_weight = nn.Parameter(torch.empty(projection_dim, dim))
         for w in (self.input_weight, self.recurrent_weight, self.projection_weight):
             nn.init.xavier_uniform_(w)
-        # The forget bias of +1 is added at run time and never baked into `bias` (spec §4).
+        # The forget bias of +1 is added at run time and never baked into `bias` (docs/formats.md, weights.hdf5).
         forget = torch.zeros(4 * dim)
         forget[2 * dim : 3 * dim] = 1.0
         self.register_buffer("forget_bias", forget, persistent=False)
@@ -151,7 +151,7 @@ class ProjectedLSTMLayer(nn.Module):
 
 
 class LSTMStack(nn.Module):
-    """L projected LSTM layers for one direction; residual connection from layer 1 on (spec §5.4).
+    """L projected LSTM layers for one direction; residual connection from layer 1 on (bilm-tf's).
 
     Dropout (training only) is applied to each layer's input, inside the residual: ``out_l = cell_l(drop(in)) + in``,
     as bilm-tf's DropoutWrapper inside its ResidualWrapper.

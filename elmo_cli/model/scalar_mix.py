@@ -1,4 +1,4 @@
-"""ScalarMix (spec §5.6): ``gamma * sum_k softmax(w)_k * layer_k``, optionally layer-normalising each layer."""
+"""ScalarMix (the paper's equation 1): ``gamma * sum_k softmax(w)_k * layer_k``, optionally layer-normalising each layer."""
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,6 @@
 """The softmax shared by both directions: sampled for training, full (vocabulary-chunked) for evaluation.
 
-The sampled loss follows TensorFlow's ``sampled_softmax_loss`` as bilm-tf used it (spec §7): one set of distinct
+The sampled loss follows TensorFlow's ``sampled_softmax_loss`` as bilm-tf used it (bilm-tf's): one set of distinct
 negatives per call from the log-uniform law ``P(k) = log((k+2)/(k+1)) / log(V+1)``, every logit corrected by
 subtracting the log of its expected count, and negatives equal to a row's own target masked out.
 """
