@@ -296,8 +296,8 @@ def resolve_model_files(model: Path | None, options: Path | None, weights: Path 
         if weights is None:
             raise ElmoError(f"--options {options} needs --weights F (the weights.hdf5 of the same model)")
         if options is None:
-            raise ElmoError(f"--weights {weights} needs --options F (the options.json of the same model), or "
-                            f"--model DIR")
+            raise ElmoError(f"--weights {weights} needs the options.json of the same model: --options F or "
+                            f"--model F")
         flag = "--options"
     options, weights = Path(options), Path(weights)
     _check_kind(options, flag, want_hdf5=False)
