@@ -165,7 +165,7 @@ def _bad_pairs(published: Path, tmp_path: Path) -> dict[str, tuple[list, tuple[s
         "weights not beside": (["--model", lonely], ("lonely_weights.hdf5 is not beside it", "--weights")),
         "no options in the name": (["--model", nameless], ("cannot tell its weights file", "--weights F")),
         "options without weights": (["--options", published], ("needs --weights",)),
-        "weights without options": (["--weights", weights], ("needs --options",)),
+        "weights without options": (["--weights", weights], ("needs the options.json", "--options F or --model F")),
         "swapped": (["--options", weights, "--weights", published], ("swapped",)),
         "weights as model": (["--model", weights], ("an HDF5 file, not an options JSON file", "swapped")),
         "truncated options": (["--model", cut_json, "--weights", weights], ("cut_options.json", "not valid JSON")),
