@@ -371,3 +371,24 @@ def test_crf_refuses_classification(data, tmp_path):
                        "--output", tmp_path / "t", "--no-elmo", "--crf")
     lines = [x for x in out.splitlines() if x.strip()]
     assert code == 1 and len(lines) == 1 and "--crf" in lines[0] and "--kind tagging" in lines[0]
+
+
+def test_char_cnn_word_features(data, tmp_path):
+    """The char-CNN gives each word a feature from its bytes alone: a word never seen in training (<UNK> to the
+    embedding) still gets its own vector, equal wherever it occurs, and padding gets zeros."""
+    from elmo_cli.tasks.model import CharCNN
+
+    torch.manual_seed(0)
+    cnn = CharCNN()
+    out = cnn([["the", "zebra", "the"], ["zebra"]])
+    assert out.shape == (2, 3, 50)
+    torch.testing.assert_close(out[0, 1], out[1, 0])
+    torch.testing.assert_close(out[0, 0], out[0, 2])
+    assert not torch.equal(out[0, 0], out[0, 1]) and torch.equal(out[1, 1:], torch.zeros(2, 50))
+    code, out = invoke("train", "--kind", "tagging", "--train", data["train"], "--dev", data["dev"], "--output",
+                       tmp_path / "t", "--no-elmo", "--char-cnn", "--epochs", "2", "--hidden-dim", "8")
+    assert code == 0, out
+    state = torch.load(tmp_path / "t" / "weights.pt", weights_only=True)
+    assert state["char_cnn.conv.weight"].shape == (50, 30, 3)
+    code, out = invoke("evaluate", "--task", tmp_path / "t", data["dev"], "--json")
+    assert code == 0, out

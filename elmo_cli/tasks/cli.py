@@ -48,7 +48,8 @@ def _mix_text(mix: dict) -> str:
 
 
 def _compare_table(result: dict) -> Table:
-    table = Table(title=f"{result['metric']} on {result['evaluated_on']} (seed {result['seed']})")
+    table = Table(title=f"{result['metric']} on {result['evaluated_on']} (seed {result['seed']}; every arm: "
+                        f"{result['setup']})")
     for col in ("arm", result["metric"], "Δ points", "rel. error reduction", "input mix (softmax), γ",
                 "output mix, γ", "best / run"):
         table.add_column(col, justify="left" if "mix" in col or col == "arm" else "right")
@@ -133,6 +134,10 @@ def cli_train(
     cache_max_mb: int = typer.Option(2048, "--cache-max-mb", help="Memory for cached layers; the rest spills to HDF5."),
     compare: bool = typer.Option(False, "--compare", help="Train (a) no ELMo (b) top layer (c) mix [(d) output]."),
     test: Optional[Path] = typer.Option(None, "--test", help="With --compare: evaluate every arm here (else --dev)."),
+    char_cnn: bool = typer.Option(False, "--char-cnn", help="Word features from the word's characters too (a small "
+                                                            "char-CNN beside the word embedding; with --compare in "
+                                                            "every arm, so the no-ELMo arm is the paper's kind of "
+                                                            "baseline)."),
     crf: bool = typer.Option(False, "--crf", help="Tagging: a linear-chain CRF head with Viterbi decoding; span "
                                                   "labels (BIO, IOB1, BIOES, detected) never decode to a move "
                                                   "their scheme forbids."),
@@ -160,7 +165,7 @@ def cli_train(
                       max_time=max_time, batch_size=batch_size, lr=lr, seed=seed, word_vectors=word_vectors,
                       min_count=min_count, hidden_dim=hidden_dim, word_dim=word_dim, label_column=label_column, fmt=format,
                       max_length=max_length, cache=not no_cache, cache_dtype=cache_dtype, cache_max_mb=cache_max_mb,
-                      device=device, errors=errors, crf=crf)
+                      device=device, errors=errors, crf=crf, char_cnn=char_cnn)
         on_epoch = None if json_out else _epoch_line
         if compare:
             from elmo_cli.tasks.compare import compare as run_compare

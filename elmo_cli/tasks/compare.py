@@ -73,5 +73,7 @@ def compare(s: TrainSettings, test_path: Path | None = None, elmo_output: bool =
     for row in rows:
         row["absolute"] = row["metric"] - base
         row["relative_error_reduction"] = error_reduction(base, row["metric"])
+    setup = ("word embedding" + (" + char-CNN" if s.char_cnn else "") + ", BiLSTM, "
+             + ("CRF" if s.crf else "softmax") + f" head; --patience {s.patience}, at most {s.epochs} epochs")
     return {"metric": primary_name(rows[0]["test"]), "evaluated_on": str(eval_path), "seed": s.seed,
-            "arms": rows, "warnings": data.warnings}
+            "setup": setup, "arms": rows, "warnings": data.warnings}

@@ -50,6 +50,7 @@ class TaskConfig:
     label_column: str = "upos"  # the CoNLL-U column read as the label
     max_length: int = 200  # longer sentences are split into pieces of this many tokens
     tokenizer: str = "whitespace"  # whitespace | bilm (the biLM's SentencePiece model, via Embedder.tokenize)
+    char_cnn: bool = False  # word features from the word's characters too (`CharCNN`), as the paper's baselines had
     crf: bool = False  # tagging: a linear-chain CRF head (Viterbi decoding) instead of per-token softmax
     span_scheme: str | None = None  # BIO | IOB1 | BIOES: the transitions the CRF may decode (None: all)
     elmo_model: str | None = None  # the biLM: its directory, or its options.json file (then elmo_weights), absolute
@@ -99,6 +100,31 @@ def build_words(sentences: list[list[str]], min_count: int = 1) -> tuple[tuple[s
     return (PAD, UNK, *kept), (0, 0, *(counts[w] for w in kept))
 
 
+class CharCNN(nn.Module):
+    """Word features from the word's characters: UTF-8 bytes (bilm-tf's ids, words cut at 22 bytes) -> a 30-wide
+    embedding -> 50 filters of width 3 -> max over the word -> tanh. The character half of the BiLSTM-CNN taggers
+    (Ma and Hovy 2016) that ELMo's paper used as baselines; `(B, T)` words in, `(B, T, 50)` out, 0 at padding."""
+
+    def __init__(self, char_dim: int = 30, filters: int = 50, width: int = 3, max_chars: int = 24):
+        super().__init__()
+        from vocab.chars import ByteChars
+
+        self.chars = ByteChars(max_chars)
+        self.embed = nn.Embedding(self.chars.n_characters + 1, char_dim, padding_idx=0)
+        self.conv = nn.Conv1d(char_dim, filters, width, padding=width // 2)
+        self.dim = filters
+
+    def forward(self, sentences: list[list[str]]) -> torch.Tensor:
+        T, W = max(1, max(len(s) for s in sentences)), self.chars.max_chars
+        ids = torch.zeros(len(sentences), T, W, dtype=torch.long)  # 0: no word
+        for b, s in enumerate(sentences):
+            if s:
+                ids[b, : len(s)] = torch.from_numpy(self.chars.encode_tokens(s).astype("int64")) + 1
+        x = self.embed(ids.to(self.embed.weight.device)).flatten(0, 1).transpose(1, 2)  # (B*T, C, W)
+        h = torch.tanh(self.conv(x).amax(dim=2))  # (B*T, F)
+        return h.view(len(sentences), T, -1) * (ids[:, :, 0] != 0).unsqueeze(-1).to(h)
+
+
 class TaskModel(nn.Module):
     """Tagger or sentence classifier over word embeddings and (optionally) ELMo; see the module docstring."""
 
@@ -112,7 +138,9 @@ class TaskModel(nn.Module):
         self.embed = nn.Embedding(len(config.words), config.word_dim, padding_idx=0)
         self.elmo_in, self.elmo_out = elmo_in, elmo_out
         elmo_dim = (elmo_in or elmo_out).dim if config.uses_elmo else 0
-        in_dim = config.word_dim + (elmo_dim if elmo_in is not None else 0)
+        self.char_cnn = CharCNN() if config.char_cnn else None
+        char_dim = self.char_cnn.dim if self.char_cnn is not None else 0
+        in_dim = config.word_dim + char_dim + (elmo_dim if elmo_in is not None else 0)
         self.lstm = nn.LSTM(in_dim, config.hidden_dim, batch_first=True, bidirectional=True)
         out_dim = 2 * config.hidden_dim + (elmo_dim if elmo_out is not None else 0)
         self.dropout = nn.Dropout(config.dropout)
@@ -153,6 +181,8 @@ class TaskModel(nn.Module):
         ids = self._word_dropout(self.word_ids(sentences))  # (B, T)
         mask = ids != 0
         x = self.dropout(self.embed(ids))  # (B, T, E)
+        if self.char_cnn is not None:
+            x = torch.cat([x, self.dropout(self.char_cnn(sentences))], dim=-1)  # (B, T, E + 50)
         layers = lmask = None
         if self.config.uses_elmo:
             layers, lmask = (self.elmo_in or self.elmo_out).biLM_layers(sentences)  # (L+1, B, T, 2P), (B, T)

@@ -64,6 +64,7 @@ class TrainSettings:
     device: str = "auto"
     errors: str = "strict"  # invalid UTF-8 in the data files: strict (stop) | replace
     crf: bool = False  # tagging: a CRF head with exact Viterbi decoding
+    char_cnn: bool = False  # word features from characters too (every arm of --compare)
 
 
 @dataclass
@@ -127,7 +128,7 @@ def task_config(s: TrainSettings, data: TaskData, tokenizer: str) -> TaskConfig:
                       hidden_dim=s.hidden_dim, elmo=s.elmo, elmo_layers=s.elmo_layers,
                       elmo_output=s.elmo_output, layer_norm=s.layer_norm,
                       label_column=s.label_column, max_length=s.max_length, tokenizer=tokenizer,
-                      crf=s.crf, span_scheme=scheme,
+                      crf=s.crf, span_scheme=scheme, char_cnn=s.char_cnn,
                       **_bilm_record(s.model_dir))
 
 
