@@ -392,3 +392,44 @@ def test_char_cnn_word_features(data, tmp_path):
     assert state["char_cnn.conv.weight"].shape == (50, 30, 3)
     code, out = invoke("evaluate", "--task", tmp_path / "t", data["dev"], "--json")
     assert code == 0, out
+
+
+def test_fine_tuning_trains_the_biLM_and_prediction_uses_the_tuned_one(bilm_dir, data, tmp_path):
+    from elmo_cli.bilm_format import load_bilm
+    from elmo_cli.tasks.features import tuned_layers
+
+    emb = Embedder(bilm_dir, device="cpu")
+    sents = [["the", "cat", "sees", "a", "dog", "."], ["a", "bird"], []]
+    frozen, mask = ElmoFeatures(emb, dropout=0.0).biLM_layers(sents)
+    got, got_mask = tuned_layers(emb.model, emb.loaded.text.chars, sents)  # the same weights: the same layers
+    assert torch.equal(got_mask, mask)
+    torch.testing.assert_close(got, frozen, atol=1e-5, rtol=0)
+    args = ["train", "--kind", "classification", "--train", data["train_tsv"], "--dev", data["dev_tsv"], "--model",
+            bilm_dir, "--fine-tune-bilm", "--bilm-lr", "0.01", "--hidden-dim", "8", "--device", "cpu", "--json"]
+    code, out = invoke(*args, "--output", tmp_path / "ft", "--epochs", "2", "--patience", "0")
+    assert code == 0, out
+    m = json.loads(out.strip().splitlines()[-1])
+    state = torch.load(tmp_path / "ft" / "weights.pt", weights_only=True)
+    original = load_bilm(bilm_dir / "options.json", bilm_dir / "weights.hdf5").state_dict()
+    assert set(original) <= {k[len("bilm."):] for k in state if k.startswith("bilm.")}
+    moved = max(float((state["bilm." + k] - v).abs().max()) for k, v in original.items() if "softmax" not in k)
+    assert moved > 1e-4
+    code, out = invoke("evaluate", "--task", tmp_path / "ft", data["dev_tsv"], "--json")
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["accuracy"] == pytest.approx(m["dev"]["accuracy"])
+    # frozen for the first epoch: one epoch leaves the biLM as it was
+    code, out = invoke(*args, "--output", tmp_path / "late", "--epochs", "1", "--unfreeze-after", "1")
+    assert code == 0, out
+    state = torch.load(tmp_path / "late" / "weights.pt", weights_only=True)
+    assert all(torch.equal(state["bilm." + k], v) for k, v in original.items())
+
+
+@pytest.mark.parametrize("extra, message", [(["--no-elmo"], "--fine-tune-bilm needs ELMo"),
+                                            (["--embeddings", "x.hdf5"], "precomputed --embeddings"),
+                                            (["--unfreeze-after", "2", "--no-elmo"], "--fine-tune-bilm needs ELMo")])
+def test_fine_tuning_refuses_what_cannot_train(data, tmp_path, extra, message):
+    code, out = invoke("train", "--kind", "tagging", "--train", data["train"], "--dev", data["dev"], "--output",
+                       tmp_path / "t", "--fine-tune-bilm", *extra)
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert code == 1 and len(lines) == 1 and message in lines[0], out
+    assert not (tmp_path / "t").exists()

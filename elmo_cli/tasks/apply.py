@@ -36,7 +36,10 @@ def open_task(task_dir: Path, embeddings: Path | None = None, device: str = "aut
     embedder = None
     if config.tokenizer == "bilm" or (config.uses_elmo and embeddings is None):
         embedder = load_embedder(config.bilm_files(str(Path(task_dir) / "config.json")), device)
-    cache = LayerCache(embedder, precomputed=embeddings) if config.uses_elmo else None
+    if config.fine_tune_bilm and embeddings is not None:
+        raise ElmoError(f"{Path(task_dir) / 'config.json'}: this task model fine-tuned its biLM, so --embeddings (the "
+                        f"frozen biLM's layers) do not apply; leave it out")
+    cache = LayerCache(embedder, precomputed=embeddings) if config.uses_elmo and not config.fine_tune_bilm else None
     model = load_task(task_dir, embedder, cache, device)
     tokenize = embedder.tokenize if config.tokenizer == "bilm" else formats.whitespace
     return LoadedTask(model, tokenize, cache)

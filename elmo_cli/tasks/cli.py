@@ -138,6 +138,12 @@ def cli_train(
                                                             "char-CNN beside the word embedding; with --compare in "
                                                             "every arm, so the no-ELMo arm is the paper's kind of "
                                                             "baseline)."),
+    fine_tune_bilm: bool = typer.Option(False, "--fine-tune-bilm", help="Train the biLM's weights with the task "
+                                                                        "(at --bilm-lr; no layer cache, so slower); "
+                                                                        "the task directory keeps the tuned biLM."),
+    bilm_lr: float = typer.Option(1e-4, "--bilm-lr", help="With --fine-tune-bilm: the biLM's Adam learning rate."),
+    unfreeze_after: int = typer.Option(0, "--unfreeze-after", help="With --fine-tune-bilm: epochs with the biLM "
+                                                                   "frozen before it trains."),
     crf: bool = typer.Option(False, "--crf", help="Tagging: a linear-chain CRF head with Viterbi decoding; span "
                                                   "labels (BIO, IOB1, BIOES, detected) never decode to a move "
                                                   "their scheme forbids."),
@@ -165,7 +171,8 @@ def cli_train(
                       max_time=max_time, batch_size=batch_size, lr=lr, seed=seed, word_vectors=word_vectors,
                       min_count=min_count, hidden_dim=hidden_dim, word_dim=word_dim, label_column=label_column, fmt=format,
                       max_length=max_length, cache=not no_cache, cache_dtype=cache_dtype, cache_max_mb=cache_max_mb,
-                      device=device, errors=errors, crf=crf, char_cnn=char_cnn)
+                      device=device, errors=errors, crf=crf, char_cnn=char_cnn, fine_tune_bilm=fine_tune_bilm,
+                      bilm_lr=bilm_lr, unfreeze_after=unfreeze_after)
         on_epoch = None if json_out else _epoch_line
         if compare:
             from elmo_cli.tasks.compare import compare as run_compare

@@ -19,8 +19,8 @@ from elmo_cli.tasks import formats
 from elmo_cli.tasks.metrics import primary, primary_name
 from elmo_cli.tasks.predict import evaluate_examples
 from elmo_cli.tasks.store import save_task
-from elmo_cli.tasks.train import (TrainSettings, build_model, fit, load_embedder, make_cache, read_data,
-                                  tokenizer_of)
+from elmo_cli.tasks.train import (TrainSettings, build_model, check_settings, fit, load_embedder, make_cache,
+                                  read_data, tokenizer_of)
 from vocab.errors import ElmoError
 
 ARMS = (
@@ -42,6 +42,7 @@ def compare(s: TrainSettings, test_path: Path | None = None, elmo_output: bool =
     """Train and evaluate every arm; writes each to ``s.output/<key>-<name>/``. Returns the table as a dict."""
     if s.model_dir is None and s.embeddings is None:
         raise ElmoError("--compare needs the biLM: give --model ELMO_DIR (or --embeddings F.hdf5)")
+    check_settings(s)
     embedder = load_embedder(s.model_dir, s.device)
     tokenize, tokenizer = tokenizer_of(embedder)
     data = read_data(s, tokenize)
@@ -74,6 +75,7 @@ def compare(s: TrainSettings, test_path: Path | None = None, elmo_output: bool =
         row["absolute"] = row["metric"] - base
         row["relative_error_reduction"] = error_reduction(base, row["metric"])
     setup = ("word embedding" + (" + char-CNN" if s.char_cnn else "") + ", BiLSTM, "
-             + ("CRF" if s.crf else "softmax") + f" head; --patience {s.patience}, at most {s.epochs} epochs")
+             + ("CRF" if s.crf else "softmax") + " head" + ("; the biLM fine-tuned" if s.fine_tune_bilm else "")
+             + f"; --patience {s.patience}, at most {s.epochs} epochs")
     return {"metric": primary_name(rows[0]["test"]), "evaluated_on": str(eval_path), "seed": s.seed,
             "setup": setup, "arms": rows, "warnings": data.warnings}

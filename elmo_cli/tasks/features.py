@@ -172,6 +172,22 @@ def pad_layers(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(out), torch.from_numpy(mask)
 
 
+def tuned_layers(bilm, chars, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layers of a biLM being fine-tuned, with gradients: `(L+1, B, T, 2P)` (the words only, zero at padding)
+    and the mask `(B, T)`; the same values as the frozen path's for the same weights."""
+    from elmo_cli.inputs import pad_char_batch, with_boundaries
+
+    device = next(bilm.parameters()).device
+    ids, lengths = pad_char_batch([chars.encode_tokens(with_boundaries(list(s))) for s in sentences], device)
+    layers, _ = bilm.embed(ids, lengths)  # (L+1, B, T + 2, 2P) with <S> and </S>
+    T = max(1, max(len(s) for s in sentences))
+    mask = torch.arange(T, device=device).unsqueeze(0) < (lengths - 2).unsqueeze(1)  # (B, T)
+    words = layers[:, :, 1 : T + 1]
+    if words.shape[2] < T:  # every sentence empty
+        words = torch.nn.functional.pad(words, (0, 0, 0, T - words.shape[2]))
+    return words * mask.unsqueeze(-1), mask
+
+
 class ElmoFeatures(nn.Module):
     """``gamma * sum_k softmax(w)_k * layer_k`` of the frozen biLM, with dropout, for a batch of token lists.
 
@@ -205,8 +221,15 @@ class ElmoFeatures(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.bilm_seconds = self.bilm_cpu_seconds = 0.0  # wall and CPU time inside the biLM when there is no cache
 
+    def tune(self, bilm) -> None:
+        """Run `bilm` (a `BiLM` module the task model owns and trains) with gradients instead of the frozen
+        embedder: fine-tuning, so there is no cache."""
+        self.tuned, self.cache = bilm, None
+
     def biLM_layers(self, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers `(L+1, B, T, 2P)` float32 and the mask `(B, T)`, from the cache or the biLM."""
+        if getattr(self, "tuned", None) is not None:
+            return tuned_layers(self.tuned, self.embedder.loaded.text.chars, sentences)
         if self.cache is not None:
             arrays = [self.cache.get(s) for s in sentences]
         else:

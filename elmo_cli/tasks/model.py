@@ -50,6 +50,7 @@ class TaskConfig:
     label_column: str = "upos"  # the CoNLL-U column read as the label
     max_length: int = 200  # longer sentences are split into pieces of this many tokens
     tokenizer: str = "whitespace"  # whitespace | bilm (the biLM's SentencePiece model, via Embedder.tokenize)
+    fine_tune_bilm: bool = False  # the biLM trains with the task; its tuned weights are in weights.pt (bilm.*)
     char_cnn: bool = False  # word features from the word's characters too (`CharCNN`), as the paper's baselines had
     crf: bool = False  # tagging: a linear-chain CRF head (Viterbi decoding) instead of per-token softmax
     span_scheme: str | None = None  # BIO | IOB1 | BIOES: the transitions the CRF may decode (None: all)
@@ -129,10 +130,16 @@ class TaskModel(nn.Module):
     """Tagger or sentence classifier over word embeddings and (optionally) ELMo; see the module docstring."""
 
     def __init__(self, config: TaskConfig, elmo_in: ElmoFeatures | None = None,
-                 elmo_out: ElmoFeatures | None = None):
+                 elmo_out: ElmoFeatures | None = None, bilm: nn.Module | None = None):
         super().__init__()
         if (config.elmo != "none") != (elmo_in is not None) or config.elmo_output != (elmo_out is not None):
             raise ValueError("ElmoFeatures given do not match config.elmo / config.elmo_output")
+        if config.fine_tune_bilm != (bilm is not None):
+            raise ValueError("a biLM to fine-tune is given exactly when config.fine_tune_bilm")
+        self.bilm = bilm  # fine-tuning: the biLM is part of this model (trained, saved in weights.pt)
+        for features in (elmo_in, elmo_out):
+            if bilm is not None and features is not None:
+                features.tune(bilm)
         self.config = config
         self.index = {w: k for k, w in enumerate(config.words)}
         self.embed = nn.Embedding(len(config.words), config.word_dim, padding_idx=0)

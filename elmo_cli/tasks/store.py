@@ -10,6 +10,7 @@ A directory that exists is replaced only when it is a task directory (has config
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -80,16 +81,28 @@ def read_config(directory: Path) -> TaskConfig:
 def load_task(directory: Path, embedder=None, cache: LayerCache | None = None, device: str = "auto"
               ) -> TaskModel:
     """Rebuild the task model of a task directory, in eval mode. With ELMo, `embedder` (or a `cache` holding
-    every sentence) supplies the biLM; the caller loads it from ``config.elmo_model``."""
+    every sentence) supplies the biLM; the caller loads it from ``config.elmo_model``. A fine-tuned model takes
+    its tuned biLM weights from weights.pt."""
     config = read_config(directory)
     elmo_in, elmo_out = build_elmo(config, embedder, cache)
-    model = TaskModel(config, elmo_in, elmo_out)
+    model = TaskModel(config, elmo_in, elmo_out, tuned_bilm(config, embedder))
     try:
         state = torch.load(Path(directory) / "weights.pt", map_location="cpu", weights_only=True)
         model.load_state_dict(state)
     except (RuntimeError, OSError, EOFError) as e:
         raise ElmoError(f"{Path(directory) / 'weights.pt'}: cannot load the task weights ({str(e)[:200]})") from None
     return model.to(resolve_device(device)).eval()
+
+
+def tuned_bilm(config: TaskConfig, embedder):
+    """For a fine-tuning task model: its own copy of the embedder's biLM (float32), to train or to load the tuned
+    weights into; else None."""
+    if not config.fine_tune_bilm:
+        return None
+    if embedder is None:
+        raise ElmoError("this task model fine-tunes its biLM: give the biLM with --model (precomputed --embeddings "
+                        "hold the frozen biLM's layers)")
+    return copy.deepcopy(embedder.model).float().requires_grad_(True)
 
 
 def build_elmo(config: TaskConfig, embedder, cache: LayerCache | None

@@ -28,7 +28,7 @@ from elmo_cli.tasks.features import LayerCache
 from elmo_cli.tasks.metrics import primary, primary_name
 from elmo_cli.tasks.model import TaskConfig, TaskModel, build_words
 from elmo_cli.tasks.predict import evaluate_examples, fill_cache
-from elmo_cli.tasks.store import build_elmo, save_task
+from elmo_cli.tasks.store import build_elmo, save_task, tuned_bilm
 from elmo_cli.tasks.vectors import read_vectors
 from vocab.errors import ElmoError
 
@@ -65,6 +65,9 @@ class TrainSettings:
     errors: str = "strict"  # invalid UTF-8 in the data files: strict (stop) | replace
     crf: bool = False  # tagging: a CRF head with exact Viterbi decoding
     char_cnn: bool = False  # word features from characters too (every arm of --compare)
+    fine_tune_bilm: bool = False  # the biLM trains with the task (no layer cache)
+    bilm_lr: float = 1e-4  # its Adam learning rate (the task's is `lr`)
+    unfreeze_after: int = 0  # epochs with the biLM frozen before it trains
 
 
 @dataclass
@@ -129,6 +132,7 @@ def task_config(s: TrainSettings, data: TaskData, tokenizer: str) -> TaskConfig:
                       elmo_output=s.elmo_output, layer_norm=s.layer_norm,
                       label_column=s.label_column, max_length=s.max_length, tokenizer=tokenizer,
                       crf=s.crf, span_scheme=scheme, char_cnn=s.char_cnn,
+                      fine_tune_bilm=s.fine_tune_bilm and (s.elmo != "none" or s.elmo_output),
                       **_bilm_record(s.model_dir))
 
 
@@ -154,7 +158,7 @@ def init_word_vectors(model: TaskModel, path: Path) -> str:
 
 
 def make_cache(s: TrainSettings, embedder) -> LayerCache | None:
-    if not s.cache and s.embeddings is None:
+    if s.fine_tune_bilm or (not s.cache and s.embeddings is None):  # a biLM that trains cannot be cached
         return None
     return LayerCache(embedder, s.cache_dtype, s.cache_max_mb << 20, s.embeddings)
 
@@ -169,7 +173,7 @@ def build_model(s: TrainSettings, data: TaskData, embedder, cache: LayerCache | 
         dim, _ = read_vectors(s.word_vectors, set())
         config = replace(config, word_dim=dim)
     elmo_in, elmo_out = build_elmo(config, embedder, cache)
-    model = TaskModel(config, elmo_in, elmo_out).to(resolve_device(s.device))
+    model = TaskModel(config, elmo_in, elmo_out, tuned_bilm(config, embedder)).to(resolve_device(s.device))
     if s.word_vectors is not None:
         notes.append(init_word_vectors(model, s.word_vectors))
     return model, notes
@@ -196,13 +200,18 @@ def fit(model: TaskModel, s: TrainSettings, data: TaskData,
     if s.patience < 0:
         raise ElmoError(f"--patience must be 0 (off) or more, got {s.patience}")
     rng = random.Random(s.seed)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=s.lr)
+    bilm = list(model.bilm.parameters()) if model.bilm is not None else []
+    tuned = {id(p) for p in bilm}
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad and id(p) not in tuned], "lr": s.lr}]
+    opt = torch.optim.Adam(groups + ([{"params": bilm, "lr": s.bilm_lr}] if bilm else []))
     label_index = {lab: k for k, lab in enumerate(model.config.labels)}
     elmo = model.elmo_in or model.elmo_out
     cache = elmo.cache if elmo is not None else None
     fill = _fill_seconds(model, cache, data)
     best, best_state, history, start, stopped = None, None, [], time.perf_counter(), "epochs"
     for epoch in range(1, s.epochs + 1):
+        if model.bilm is not None:  # frozen for the first `unfreeze_after` epochs (no graph through it then)
+            model.bilm.requires_grad_(epoch > s.unfreeze_after)
         t0, cpu0, bilm0 = time.perf_counter(), time.process_time(), _bilm_seconds(model)
         loss = _train_epoch(model, opt, data.train, s.batch_size, rng, label_index)
         seconds, (bilm1, bilm_cpu1) = time.perf_counter() - t0, _bilm_seconds(model)
@@ -211,7 +220,7 @@ def fit(model: TaskModel, s: TrainSettings, data: TaskData,
         dev = evaluate_examples(model, data.dev)
         row = {"epoch": epoch, "train_loss": loss, "dev": dev, "seconds": seconds, "cpu_seconds": cpu,
                "bilm_seconds": bilm1 - bilm0[0], "bilm_cpu_seconds": bilm_cpu1 - bilm0[1],
-               "dev_seconds": time.perf_counter() - t1}
+               "dev_seconds": time.perf_counter() - t1, "peak_rss_mb": _peak_rss_mb()}
         history.append(row)
         if best is None or primary(dev) > primary(best["dev"]):
             best, best_state = row, copy.deepcopy(model.state_dict())
@@ -229,6 +238,13 @@ def fit(model: TaskModel, s: TrainSettings, data: TaskData,
             "history": history, "cache_fill_seconds": fill[0], "cache_fill_cpu_seconds": fill[1],
             "cached_sentences": len(cache) if cache else 0,
             "seed": s.seed, "train": str(s.train_path), "dev_path": str(s.dev_path)}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far, MB (Linux reports kB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _fill_seconds(model: TaskModel, cache: LayerCache | None, data: TaskData) -> tuple[float, float]:
@@ -273,8 +289,23 @@ def tokenizer_of(embedder) -> tuple[formats.Tokenize, str]:
     return (embedder.tokenize, "bilm") if embedder is not None else (formats.whitespace, "whitespace")
 
 
+def check_settings(s: TrainSettings) -> None:
+    """Options that cannot go together, each refused in one line naming them."""
+    if s.fine_tune_bilm:
+        if s.elmo == "none" and not s.elmo_output:
+            raise ElmoError("--fine-tune-bilm needs ELMo: it cannot go with --no-elmo")
+        if s.embeddings is not None:
+            raise ElmoError("--fine-tune-bilm trains the biLM, so precomputed --embeddings cannot stand in for it; "
+                            "give --model")
+        if s.model_dir is None:
+            raise ElmoError("--fine-tune-bilm needs the biLM: give --model")
+    if s.unfreeze_after and not s.fine_tune_bilm:
+        raise ElmoError("--unfreeze-after only applies with --fine-tune-bilm")
+
+
 def train_task(s: TrainSettings, on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
     """Read the data, train one model, write ``s.output``; see the module docstring."""
+    check_settings(s)
     if s.elmo != "none" or s.elmo_output:
         if s.model_dir is None and s.embeddings is None:
             raise ElmoError("give the biLM with --model ELMO_DIR (or --embeddings F.hdf5), or train without "
