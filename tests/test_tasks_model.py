@@ -433,3 +433,29 @@ def test_fine_tuning_refuses_what_cannot_train(data, tmp_path, extra, message):
     lines = [x for x in out.splitlines() if x.strip()]
     assert code == 1 and len(lines) == 1 and message in lines[0], out
     assert not (tmp_path / "t").exists()
+
+
+def test_compare_with_char_cnn_reports_gains_over_the_strongest_baseline(bilm_dir, data, tmp_path):
+    code, out = invoke("train", "--kind", "classification", "--train", data["train_tsv"], "--dev", data["dev_tsv"],
+                       "--output", tmp_path / "cmp", "--model", bilm_dir, "--compare", "--char-cnn", "--epochs", "2",
+                       "--hidden-dim", "8", "--json")
+    assert code == 0, out
+    r = json.loads(out.strip().splitlines()[-1])
+    assert [a["arm"] for a in r["arms"]] == ["a", "a+", "b", "c"]
+    assert [a["name"] for a in r["arms"]] == ["no ELMo", "no ELMo, char-CNN", "ELMo top layer, char-CNN",
+                                              "ELMo mix, char-CNN"]
+    acc = {}
+    for key, slug in (("a", "a-no-elmo"), ("a+", "a+-no-elmo-char-cnn"), ("b", "b-elmo-top"), ("c", "c-elmo-mix")):
+        config = json.loads((tmp_path / "cmp" / slug / "config.json").read_text())
+        assert config["char_cnn"] == (key != "a"), key
+        code, out = invoke("evaluate", "--task", tmp_path / "cmp" / slug, data["dev_tsv"], "--json")
+        acc[key] = json.loads(out.strip().splitlines()[-1])["accuracy"]
+    best = max(acc["a"], acc["a+"])
+    for arm in r["arms"]:
+        assert arm["vs_best_baseline"] == pytest.approx(acc[arm["arm"]] - best, abs=1e-9), arm["arm"]
+        assert arm["absolute"] == pytest.approx(acc[arm["arm"]] - acc["a"], abs=1e-9), arm["arm"]
+    code, out = invoke("train", "--kind", "classification", "--train", data["train_tsv"], "--dev", data["dev_tsv"],
+                       "--output", tmp_path / "cmp2", "--model", bilm_dir, "--compare", "--char-cnn", "--epochs",
+                       "1", "--hidden-dim", "8")
+    assert code == 0, out
+    assert "(a+) no ELMo, char-CNN" in out and "Δ vs best baseline" in out and "every arm: word embedding" in out

@@ -50,13 +50,13 @@ def _mix_text(mix: dict) -> str:
 def _compare_table(result: dict) -> Table:
     table = Table(title=f"{result['metric']} on {result['evaluated_on']} (seed {result['seed']}; every arm: "
                         f"{result['setup']})")
-    for col in ("arm", result["metric"], "Δ points", "rel. error reduction", "input mix (softmax), γ",
-                "output mix, γ", "best / run"):
+    for col in ("arm", result["metric"], "Δ vs (a)", "Δ vs best baseline", "rel. error reduction",
+                "input mix (softmax), γ", "output mix, γ", "best / run"):
         table.add_column(col, justify="left" if "mix" in col or col == "arm" else "right")
     for row in result["arms"]:
-        rel, mix = row["relative_error_reduction"], row["mix"]
+        rel, mix = row["relative_error_reduction_vs_best"], row["mix"]
         table.add_row(f"({row['arm']}) {row['name']}", _pct(row["metric"]), f"{100 * row['absolute']:+.2f}",
-                      "-" if rel is None else f"{100 * rel:+.1f}%",
+                      f"{100 * row['vs_best_baseline']:+.2f}", "-" if rel is None else f"{100 * rel:+.1f}%",
                       _weights(mix["input"]) if "input" in mix else "-",
                       _weights(mix["output"]) if "output" in mix else "-", f"{row['best_epoch']}/{row['epochs_run']}")
     return table
@@ -132,7 +132,8 @@ def cli_train(
     no_cache: bool = typer.Option(False, "--no-cache", help="Run the biLM on every batch (for timing)."),
     cache_dtype: str = typer.Option("float32", "--cache-dtype", help="float32 | float16 (layer cache in memory)."),
     cache_max_mb: int = typer.Option(2048, "--cache-max-mb", help="Memory for cached layers; the rest spills to HDF5."),
-    compare: bool = typer.Option(False, "--compare", help="Train (a) no ELMo (b) top layer (c) mix [(d) output]."),
+    compare: bool = typer.Option(False, "--compare", help="Train (a) no ELMo [(a+) with --char-cnn] (b) top layer (c) "
+                                                          "mix [(d) output], and print their gains."),
     test: Optional[Path] = typer.Option(None, "--test", help="With --compare: evaluate every arm here (else --dev)."),
     char_cnn: bool = typer.Option(False, "--char-cnn", help="Word features from the word's characters too (a small "
                                                             "char-CNN beside the word embedding; with --compare in "
@@ -183,8 +184,8 @@ def cli_train(
             if json_out:
                 print(json.dumps(result))
             else:
-                # the table needs about 110 columns; a pipe or file gets them instead of rich's default 80
-                wide = console if console.is_terminal else Console(width=120)
+                # the table needs about 130 columns; a pipe or file gets them instead of rich's default 80
+                wide = console if console.is_terminal else Console(width=140)
                 wide.print(_compare_table(result))
             return
         from elmo_cli.tasks.train import train_task
