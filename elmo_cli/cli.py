@@ -465,15 +465,25 @@ def cli_export(
     options: Optional[Path] = options_option(),
     weights: Optional[Path] = weights_option(),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    format: str = typer.Option("dir", "--format", help="dir (a model directory) | onnx (OUTPUT is model.onnx, run "
+                                                      "by onnxruntime) | torch-export (OUTPUT is model.pt2, a "
+                                                      "torch.export program); see docs/serving.md."),
 ) -> None:
     """Write a clean prediction directory: options.json (n_characters 262), weights.hdf5, softmax.hdf5, vocab.txt,
     chars.json, spm.model (each when present), loadable by allennlp's Elmo and by every elmo-cli command.
+    With --format onnx or torch-export, the biLM as one graph file instead: character ids in, every layer out.
 
     Example: `elmo-cli export --model run/ --output model/`
     """
     with _user_errors():
         from elmo_cli.export import export_model
 
+        if format != "dir":
+            from elmo_cli.serve import export_bilm
+
+            path = export_bilm(output, format, model, options, weights, force)
+            console.print(f"exported {path} ({format}, {path.stat().st_size / 1e6:.1f} MB)", highlight=False)
+            return
         names = export_model(output, model, options, weights, force)
         console.print(f"exported {output}: {', '.join(names)}", highlight=False)
 

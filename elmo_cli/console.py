@@ -13,6 +13,7 @@ from typing import Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperCommand
 
 from vocab.errors import ElmoError
@@ -35,7 +36,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except ElmoError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -67,10 +67,12 @@ class TokenEncoder(nn.Module):
             cols.append(padded.permute(1, 0, 2).reshape(E * self.kmax, kern.shape[2]))
         return torch.cat(cols, dim=1)
 
-    def forward(self, chars: torch.Tensor) -> torch.Tensor:
+    def forward(self, chars: torch.Tensor, trim: bool = True) -> torch.Tensor:
         """
         # Parameters
         chars : `torch.LongTensor`, shape `(N, W)`, prediction-form character ids (0 = padding).
+        trim : `bool`, optional, (default = `True`): skip the windows that read only trailing padding (see below;
+            the same values). False computes all W positions with no data-dependent size, for `torch.export`.
 
         # Returns
         `torch.Tensor`, shape `(N, P)`: one embedding per token.
@@ -79,9 +81,11 @@ class TokenEncoder(nn.Module):
         # Positions from `n_pos - 1` on read only each token's trailing padding (every token's columns there equal
         # its last column), so all those windows give the same value: computing up to the first of them gives
         # the same max. For English text this cuts the 50 positions to ~15-20.
-        constant = (chars == chars[:, -1:]).all(dim=0)  # (W,)
-        trailing = int(constant.flip(0).long().cumprod(0).sum())  # length of the all-constant suffix
-        n_pos = min(W - trailing + 1, W)
+        n_pos = W
+        if trim:
+            constant = (chars == chars[:, -1:]).all(dim=0)  # (W,)
+            trailing = int(constant.flip(0).long().cumprod(0).sum())  # length of the all-constant suffix
+            n_pos = min(W - trailing + 1, W)
         n_chars = min(n_pos + self.kmax - 1, W)
         x = self.char_embedding(chars[:, :n_chars])  # (N, n_chars, E)
         x = F.pad(x, (0, 0, 0, n_pos + self.kmax - 1 - n_chars))  # (N, n_pos + kmax - 1, E)

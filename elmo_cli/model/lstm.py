@@ -111,8 +111,7 @@ class ProjectedLSTMLayer(nn.Module):
             state = self.zero_state(B, x.device, x.dtype)
         if self.cell_clip is None and self.proj_clip is None and mask is None and reset is None:
             return self._fused(x, state)
-        H = self.dim
-        xw = F.linear(x, self.input_weight, self.bias + self.forget_bias)  # (B, T, 4H)
+        xw = self.input_product(x)  # (B, T, 4H)
         h, c = state
         w_rec, w_proj = self.recurrent_weight.t(), self.projection_weight.t()
         outputs = []
@@ -122,19 +121,58 @@ class ProjectedLSTMLayer(nn.Module):
         for xw_t, m_t, keep_t in zip(xw.unbind(1), steps_mask, steps_keep):
             if keep_t is not None:
                 h, c = h * keep_t, c * keep_t
-            z = torch.addmm(xw_t, h, w_rec)  # (B, 4H)
-            i, j, f, o = z.split(H, dim=1)
-            c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
-            if self.cell_clip is not None:
-                c_new = c_new.clamp(-self.cell_clip, self.cell_clip)
-            h_new = (torch.sigmoid(o) * torch.tanh(c_new)) @ w_proj  # (B, P)
-            if self.proj_clip is not None:
-                h_new = h_new.clamp(-self.proj_clip, self.proj_clip)
+            h_new, c_new = self.step(xw_t, h, c, w_rec, w_proj)
             if m_t is not None:
                 h_new, c_new = torch.where(m_t, h_new, h), torch.where(m_t, c_new, c)
             h, c = h_new, c_new
             outputs.append(h_new)
         return torch.stack(outputs, dim=1), (h, c)
+
+    def input_product(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W_in + B`` plus the forget bias, every step at once: `(..., D)` -> `(..., 4H)`."""
+        return F.linear(x, self.input_weight, self.bias + self.forget_bias)
+
+    def step(self, xw_t: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_rec: torch.Tensor,
+             w_proj: torch.Tensor) -> State:
+        """One step of the module docstring from its input product ``xw_t (B, 4H)`` and state ``h (B, P)``,
+        ``c (B, H)``, with ``w_rec = recurrent_weight.t()`` `(P, 4H)` and ``w_proj = projection_weight.t()`` `(H, P)`.
+
+        # Returns
+        the new ``(h (B, P), c (B, H))``.
+        """
+        z = torch.addmm(xw_t, h, w_rec)  # (B, 4H)
+        i, j, f, o = z.split(self.dim, dim=1)
+        c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
+        if self.cell_clip is not None:
+            c_new = c_new.clamp(-self.cell_clip, self.cell_clip)
+        h_new = (torch.sigmoid(o) * torch.tanh(c_new)) @ w_proj  # (B, P)
+        if self.proj_clip is not None:
+            h_new = h_new.clamp(-self.proj_clip, self.proj_clip)
+        return h_new, c_new
+
+    def forward_scan(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer from zero state as one graph-level loop (torch's ``scan`` higher-order op), so that
+        `torch.export` and the ONNX exporter keep the time axis dynamic (an ONNX ``Scan``) instead of unrolling
+        the Python loop of `forward` at the example's length. Same function as ``forward(x)[0]``.
+
+        # Parameters
+        x : shape `(B, T, D)`; steps after a row's end only change that row's outputs after its end.
+
+        # Returns
+        outputs `(B, T, P)`.
+        """
+        from torch._higher_order_ops.scan import scan
+
+        B = x.shape[0]
+        xw = self.input_product(x).transpose(0, 1)  # (T, B, 4H)
+        w_rec, w_proj = self.recurrent_weight.t(), self.projection_weight.t()
+
+        def combine(state: State, xw_t: torch.Tensor) -> tuple[State, torch.Tensor]:
+            h, c = self.step(xw_t, state[0], state[1], w_rec, w_proj)
+            return (h, c), h.clone()  # scan's outputs must not alias its carry
+
+        _, out = scan(combine, self.zero_state(B, x.device, x.dtype), xw)  # (T, B, P)
+        return out.transpose(0, 1)
 
     def _fused(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """torch's fused LSTM; its gate order is i, f, g(=j), o, so rows are permuted and the forget bias folded."""
@@ -186,6 +224,19 @@ class LSTMStack(nn.Module):
             new_states.append(st)
             x = out
         return outputs, new_states
+
+
+    def forward_scan(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Stateless inference with each layer's `ProjectedLSTMLayer.forward_scan` (a dynamic time axis under
+        `torch.export` and ONNX): ``x`` `(B, T, P)` -> L outputs `(B, T, P)`, the residual as in `forward`."""
+        outputs = []
+        for l, layer in enumerate(self.layers):
+            out = layer.forward_scan(x)
+            if l > 0 and self.residual:
+                out = out + x
+            outputs.append(out)
+            x = out
+        return outputs
 
 
 class BiLSTMKernel:

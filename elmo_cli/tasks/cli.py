@@ -244,13 +244,15 @@ def cli_predict(
                                                 "TSV (label TAB text) otherwise (or give --output)."),
     output_opt: Optional[Path] = output_option("The file to write (instead of the OUTPUT argument).",
                                                required=False),
-    task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
+    task: Path = typer.Option(None, "--task", help="Task directory (task train --output); or give --onnx."),
     format: str = typer.Option("auto", "--format", help="auto | text | conll | conllu | tsv"),
     embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="dump-embeddings --layers all file."),
     batch_size: int = batch_size_option(),
     device: str = device_option(),
     threads: Optional[int] = threads_option(),
     errors: str = errors_option("INPUT"),
+    onnx: Optional[Path] = typer.Option(None, "--onnx", help="A task export --format onnx directory: run it with "
+                                                             "onnxruntime instead of --task (which it replaces)."),
 ) -> None:
     """Label every sentence of INPUT and write OUTPUT atomically.
 
@@ -261,9 +263,35 @@ def cli_predict(
         from elmo_cli.tasks.apply import predict_file
 
         output = pick_output(output_arg, output_opt)
+        if (task is None) == (onnx is None):
+            raise ElmoError("give exactly one of --task DIR and --onnx DIR")
         set_threads(threads)
-        r = predict_file(task, input, output, format, embeddings, batch_size, device, errors)
+        if onnx is not None:
+            from elmo_cli.tasks.serve import predict_file_onnx
+
+            r = predict_file_onnx(onnx, input, output, format, batch_size, threads)
+        else:
+            r = predict_file(task, input, output, format, embeddings, batch_size, device, errors)
         if r["split_sentences"]:
             _warn([f"{input}: {r['split_sentences']} sentence(s) longer than the task's max length were split "
                    f"(their pieces' labels are joined)"])
         console.print(f"wrote {output}: {r['sentences']:,} sentences, {r['tokens']:,} tokens", highlight=False)
+
+
+@command(task_app, "export", "Write a task model as one ONNX graph for onnxruntime.")
+def cli_export(
+    task: Path = typer.Option(..., "--task", help="Task directory (task train --output)."),
+    output: Path = output_option("Directory to create: model.onnx, words.txt, labels.txt, task.json, chars.json."),
+    format: str = typer.Option("onnx", "--format", help="onnx (the only format for task models)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it is an earlier export."),
+) -> None:
+    """The whole tagger or classifier (biLM, ELMo mixes, word embeddings, BiLSTM, head) as one ONNX graph: character
+    ids and word ids (rows of words.txt) in, label ids and log-probabilities out; see docs/serving.md.
+
+    Example: `elmo-cli task export --task upos/ --format onnx --output upos-onnx/`
+    """
+    with _user_errors():
+        from elmo_cli.tasks.serve import export_task
+
+        names = export_task(task, output, format, force)
+        console.print(f"exported {output}: {', '.join(names)}", highlight=False)

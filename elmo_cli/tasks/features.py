@@ -255,10 +255,15 @@ class ElmoFeatures(nn.Module):
             layers, mask = self.biLM_layers(sentences)
         device = self.mix.weights.device
         layers, mask = layers.to(device), mask.to(device)
+        return self.mix_layers(layers, mask), mask
+
+    def mix_layers(self, layers: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The learned mix of computed layers `(L+1, B, T, 2P)` with the bool mask `(B, T)`: `(B, T, 2P)`, zero at
+        padding (tensors only, so an exported graph runs the same code)."""
         if len(self.used) < self.n_layers:
             layers = layers[self.used]
         mixed = self.mix(layers, mask)  # (B, T, 2P)
-        return self.dropout(mixed) * mask.unsqueeze(-1), mask
+        return self.dropout(mixed) * mask.unsqueeze(-1)
 
     def mix_summary(self) -> dict:
         """The learned softmax-normalised weights over the L+1 layers (top only: 0, ..., 0, 1) and gamma."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import torch
 
 from elmo_cli.tasks.formats import Example, piece_counts, split_long
@@ -51,15 +52,22 @@ def predict_examples(model: TaskModel, examples: list[Example], batch_size: int 
     """Predicted labels: a list of labels per sentence (tagging) or one label per text (classification)."""
     pieces, _ = split_long(examples, model.config.max_length)
     outputs = piece_outputs(model, [p.tokens for p in pieces], batch_size)
-    labels = model.config.labels
+    return join_pieces(model.config.kind, model.config.labels, model.config.max_length, examples, outputs)
+
+
+def join_pieces(kind: str, labels: tuple[str, ...] | list[str], max_length: int, examples: list[Example],
+                outputs: list) -> list:
+    """Labels per example from its pieces' log-probabilities (torch or numpy, as `piece_outputs` gives them):
+    a tagging sentence its pieces' labels in order, a text the label of the highest mean over its pieces."""
     result, k = [], 0
-    for n in piece_counts(examples, model.config.max_length):
-        parts = outputs[k : k + n]
+    for n in piece_counts(examples, max_length):
+        parts = [np.asarray(p) for p in outputs[k : k + n]]
         k += n
-        if model.config.kind == "tagging":
-            result.append([labels[i] for part in parts for i in (part if part.ndim == 1 else part.argmax(-1)).tolist()])
+        if kind == "tagging":
+            result.append([labels[i] for part in parts
+                           for i in (part if part.ndim == 1 else part.argmax(-1)).tolist()])
         else:
-            result.append(labels[int(torch.stack(parts).mean(0).argmax())])
+            result.append(labels[int(np.stack(parts).mean(0).argmax())])
     return result
 
 
