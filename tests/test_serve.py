@@ -265,3 +265,13 @@ def test_predict_needs_one_of_task_and_onnx(tmp_path):
     (tmp_path / "in.txt").write_text("a b\n")
     r, _ = _run(task_app, "predict", tmp_path / "in.txt", tmp_path / "out")
     _one_line_error(r, "--task", "--onnx")
+
+
+@pytest.mark.parametrize("head", ["crf", "char_cnn"])
+def test_task_export_refuses_what_the_graph_does_not_hold(toy, tmp_path, head):
+    task = tmp_path / "src"
+    train_task(TrainSettings(kind="tagging", train_path=toy["train"], dev_path=toy["dev"], output=task, elmo="none",
+                             epochs=1, batch_size=8, word_dim=8, hidden_dim=8, **{head: True}))
+    r, _ = _run(task_app, "export", "--task", task, "--format", "onnx", "-o", tmp_path / "out")
+    _one_line_error(r, "--crf" if head == "crf" else "--char-cnn", "task export does not write", "task predict --task")
+    _no_files(tmp_path)
