@@ -36,10 +36,10 @@ def export_model(output: Path, model_dir: Path | None = None, options: Path | No
     tmp.mkdir()
     try:
         save_model_dir(model, tmp)
-        if model_dir is not None:
+        if loaded.directory is not None:  # a model directory (also when given as its options.json)
             for name in (VOCAB_FILE, CHARS_FILE, SPM_FILE):
-                if (Path(model_dir) / name).is_file():
-                    shutil.copyfile(Path(model_dir) / name, tmp / name)
+                if (loaded.directory / name).is_file():
+                    shutil.copyfile(loaded.directory / name, tmp / name)
         if output.exists():  # --force
             old = output.with_name(f".{output.name}.old-{os.getpid()}")
             os.replace(output, old)

@@ -113,6 +113,10 @@ def test_export_then_token_cache_then_cached_dump(tmp_path):
         assert all(np.array_equal(a[n][...], b[n][...]) for n in names)
     result, text = _invoke(["export", "--model", run, "--output", export])
     assert result.exit_code == 1 and "already exists" in text
+    # the run's options.json names the same model directory: its vocabulary comes along too
+    result, text = _invoke(["export", "--model", run / "options.json", "--output", tmp_path / "export2"])
+    assert result.exit_code == 0, text
+    assert sorted(p.name for p in (tmp_path / "export2").iterdir()) == ["options.json", "vocab.txt", "weights.hdf5"]
 
     cache = tmp_path / "cache.hdf5"
     result, text = _invoke(["dump-token-embeddings", "--model", export, "--vocab", export / "vocab.txt",

@@ -165,6 +165,20 @@ def publish(tmp: str | Path, path: str | Path) -> None:
     fsync_dir(Path(path).parent)
 
 
+def publish_dir(tmp: str | Path, directory: str | Path) -> None:
+    """Give a finished temporary directory its final name, replacing what was there (moved aside first, removed
+    after), and fsync the parent: a reader sees the old directory or the new one, never a mix."""
+    import shutil
+
+    tmp, directory = Path(tmp), Path(directory)
+    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    fsync_dir(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def fsync_dir(directory: str | Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)

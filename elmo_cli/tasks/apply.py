@@ -72,11 +72,18 @@ def predict_file(task_dir: Path, input_path: Path, output_path: Path, fmt: str =
         guess = predict_examples(task.model, examples, batch_size)
     finally:
         task.close()
-    if cfg.kind == "tagging":
+    return write_predictions(output_path, cfg.kind, examples, guess, cfg.max_length)
+
+
+def write_predictions(output_path: Path, kind: str, examples: list[formats.Example], guess: list,
+                      max_length: int) -> dict:
+    """Write CoNLL (token TAB label) for tagging or TSV (label TAB text) for classification atomically; returns
+    counts (sentences, tokens, sentences split)."""
+    if kind == "tagging":
         text = formats.format_tagged([(ex.tokens, labels) for ex, labels in zip(examples, guess)])
     else:
         text = formats.format_classified([(label, ex.tokens) for ex, label in zip(examples, guess)])
     with atomic_writer(output_path) as f:
         f.write(text.encode("utf-8"))
     return {"sentences": len(examples), "tokens": sum(len(ex.tokens) for ex in examples),
-            "split_sentences": formats.split_long(examples, cfg.max_length)[1], "output": str(output_path)}
+            "split_sentences": formats.split_long(examples, max_length)[1], "output": str(output_path)}

@@ -269,7 +269,7 @@ def cli_predict(
         if onnx is not None:
             from elmo_cli.tasks.serve import predict_file_onnx
 
-            r = predict_file_onnx(onnx, input, output, format, batch_size, threads)
+            r = predict_file_onnx(onnx, input, output, format, batch_size, threads, errors)
         else:
             r = predict_file(task, input, output, format, embeddings, batch_size, device, errors)
         if r["split_sentences"]:

@@ -34,7 +34,7 @@ from elmo_cli.tasks.model import TaskModel
 from elmo_cli.tasks.predict import join_pieces, length_batches
 from vocab.chars import load_chars
 from vocab.errors import ElmoError
-from vocab.text import atomic_writer, check_new_output, fsync_dir
+from vocab.text import check_new_output, publish_dir
 from vocab.tokenize import SPM_FILE, TextEncoder
 
 MODEL_FILE, WORDS_FILE, LABELS_FILE, TASK_FILE = "model.onnx", "words.txt", "labels.txt", "task.json"
@@ -195,12 +195,7 @@ def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = F
                 (tmp / "chars.json").write_text(json.dumps(chars.to_json()) + "\n", encoding="utf-8")
             if config.tokenizer == "bilm" and text is not None and text.spm_model is not None:
                 (tmp / SPM_FILE).write_bytes(text.spm_model)
-            old = output.with_name(f".{output.name}.old-{os.getpid()}")
-            if output.exists():
-                os.replace(output, old)
-            os.replace(tmp, output)
-            fsync_dir(output.parent)
-            shutil.rmtree(old, ignore_errors=True)
+            publish_dir(tmp, output)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
@@ -274,17 +269,11 @@ class OnnxTask:
 
 
 def predict_file_onnx(directory: Path, input_path: Path, output_path: Path, fmt: str = "auto",
-                      batch_size: int = 64, threads: int | None = None) -> dict:
+                      batch_size: int = 64, threads: int | None = None, errors: str = "strict") -> dict:
     """`task predict --onnx`: `apply.predict_file` with the exported graph in onnxruntime (no torch model)."""
+    from elmo_cli.tasks.apply import write_predictions
+
     task = OnnxTask(directory, threads)
     kind = task.info["kind"]
-    examples = formats.read_unlabelled(input_path, kind, fmt, task.info["label_column"], task.tokenize)
-    guess = task.predict(examples, batch_size)
-    if kind == "tagging":
-        text = formats.format_tagged([(ex.tokens, labels) for ex, labels in zip(examples, guess)])
-    else:
-        text = formats.format_classified([(label, ex.tokens) for ex, label in zip(examples, guess)])
-    with atomic_writer(output_path) as f:
-        f.write(text.encode("utf-8"))
-    return {"sentences": len(examples), "tokens": sum(len(ex.tokens) for ex in examples),
-            "split_sentences": formats.split_long(examples, task.info["max_length"])[1], "output": str(output_path)}
+    examples = formats.read_unlabelled(input_path, kind, fmt, task.info["label_column"], task.tokenize, errors)
+    return write_predictions(output_path, kind, examples, task.predict(examples, batch_size), task.info["max_length"])

@@ -22,7 +22,7 @@ from elmo_cli.loading import resolve_device
 from elmo_cli.tasks.features import ElmoFeatures, LayerCache
 from elmo_cli.tasks.model import TaskConfig, TaskModel
 from vocab.errors import ElmoError
-from vocab.text import fsync_dir, read_json
+from vocab.text import publish_dir, read_json
 
 FORMAT_VERSION = 1
 
@@ -43,12 +43,7 @@ def save_task(directory: Path, model: TaskModel, metrics: dict) -> None:
         _write(tmp / "labels.txt", "".join(f"{label}\n" for label in model.config.labels))
         _write(tmp / "mix.json", json.dumps(model.mix_summary(), indent=1) + "\n")
         _write(tmp / "metrics.json", json.dumps(metrics, indent=1) + "\n")
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        if directory.exists():
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        fsync_dir(directory.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        publish_dir(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
