@@ -332,11 +332,14 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
 
 
 def _sum_over_ranks(count: int, device: torch.device) -> int:
-    """A count summed over the torchrun processes (each embedded its share of the lines)."""
+    """A count summed over the torchrun processes (each embedded its share of the lines); the last collective of a
+    dump, so the process group is left here: a process that exits with gloo's threads still up aborts."""
     import torch.distributed as dist
 
     t = torch.tensor([count], dtype=torch.long, device=device)
     dist.all_reduce(t)
+    dist.barrier()
+    dist.destroy_process_group()
     return int(t.item())
 
 
