@@ -8,6 +8,7 @@ mapping, and counts one boundary target per sentence and direction, as `evaluate
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,4 +110,60 @@ def kneser_ney_baseline(train_inputs: list[str | Path], inputs: list[str | Path]
     train = _sentences(train_inputs, text, errors)
     if not train:
         raise ElmoError(f"{', '.join(map(str, train_inputs))}: no sentences to estimate the Kneser-Ney baseline from")
-    return kneser_ney_perplexity(train, _sentences(inputs, text, errors), text.vocab, order, exclude_unk)
+    result = kneser_ney_perplexity(train, _sentences(inputs, text, errors), text.vocab, order, exclude_unk)
+    return dataclasses.replace(result, train_words=sum(len(s) for s in train))
+
+
+# ---- what a biLM/KN5 ratio means --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reference:
+    """One measured run: held-out average perplexity over KN5 of the same training text (docs/auto.md)."""
+
+    corpus: str
+    train_tokens: int
+    minutes: float
+    preset: str
+    ratio: float
+
+
+# 2 threads of an AMD EPYC (Zen 3 or Zen 4), --max-time runs, each annealed at its own budget (docs/auto.md).
+REFERENCES = (
+    Reference("Austen", 780_554, 60, "laptop", 0.634),
+    Reference("Austen", 780_554, 120, "laptop", 0.612),
+)
+IN_LINE = 0.02  # ratios this close to a measured one are "in line with" it
+
+
+def _when(r: Reference) -> str:
+    length = f"{r.minutes:g} min" if r.minutes < 120 else f"{r.minutes / 60:g} h"
+    return f"{length} of --preset {r.preset} ({r.ratio:.2f}x)"
+
+
+def place_ratio(ratio: float, train_tokens: int, references: tuple[Reference, ...] = REFERENCES) -> str:
+    """One line placing a biLM/KN5 ratio against the measured runs on the corpus nearest in size.
+
+    ``place_ratio(0.63, 800_000)`` -> ``"0.630x KN5: in line with 60 min of --preset laptop (0.63x) on
+    0.78M tokens of Austen on 2 CPU threads"``
+    """
+    head = f"{ratio:.3f}x KN5"
+    if ratio >= 1.0:
+        return (f"{head}: the biLM does not yet predict this text better than a 5-gram Kneser-Ney model of its "
+                f"training text; train longer or on more text")
+    if not references or train_tokens <= 0:
+        return head
+    nearest = min(references, key=lambda r: abs(math.log(r.train_tokens / train_tokens)))
+    rows = sorted((r for r in references if r.corpus == nearest.corpus and r.train_tokens == nearest.train_tokens),
+                  key=lambda r: r.ratio, reverse=True)  # worst first
+    close = [r for r in rows if abs(r.ratio - ratio) <= IN_LINE]
+    if close:
+        where = "in line with " + _when(min(close, key=lambda r: abs(r.ratio - ratio)))
+    elif ratio < rows[-1].ratio:
+        where = "better than " + _when(rows[-1])
+    elif ratio > rows[0].ratio:
+        where = "short of " + _when(rows[0])
+    else:
+        above = next(r for r in rows if r.ratio < ratio)
+        below = [r for r in rows if r.ratio > ratio][-1]
+        where = f"between {_when(below)} and {_when(above)}"
+    scale = f"{nearest.train_tokens / 1e6:.2f}M"
+    return f"{head}: {where} on {scale} tokens of {nearest.corpus} on 2 CPU threads"

@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from elmo_cli.layers import MODES_HELP
-from elmo_cli.presets import PRESETS_HELP, presets_table
+from elmo_cli.presets import AUTO, PRESETS_HELP, presets_table
 from elmo_cli.console import (app_settings, batch_size_option, command, console, device_option, err_console,
                               errors_option, model_option, options_option, output_option, pick_output,
                               threads_option, user_errors as _user_errors, weights_option)
@@ -281,21 +281,34 @@ def cli_train(
         from elmo_cli.train_config import parse_duration
 
         start_from = None
+        if preset == AUTO and (init_from is not None or options is not None or weights is not None):
+            raise ElmoError("--preset auto chooses a shape, --init-from keeps the trained one: use one of them")
         if init_from is not None or options is not None or weights is not None:
             from elmo_cli.loading import model_files
 
             start_from = model_files(init_from, options, weights)
         if reset_softmax and start_from is None:
             raise ElmoError("--reset-softmax only applies with --init-from MODEL")
-        fresh = not resume or config is not None or preset is not None
-        cfg = load_config(config, preset) if fresh else training.resume_config(output)
-        cfg = cfg.with_training(
+        flags = dict(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
             n_negative_samples=n_negative_samples, dropout=dropout, seed=seed, device=device, dtype=dtype,
             threads=threads, checkpoint_every=checkpoint_every, validation_every=validation_every,
             patience=patience, baseline=False if no_baseline else None)
         rank0 = is_main_process()
+        if preset == AUTO and resume:  # the run's own choice, not a new probe
+            cfg = training.resume_config(output).with_training(**flags)
+        elif preset == AUTO:
+            from elmo_cli.auto import auto_config
+            from elmo_cli.train_config import read_config_file
+
+            cfg, choice = auto_config(data, validation, read_config_file(config) if config else None, flags)
+            if rank0:
+                console.print(choice.reason, highlight=False)
+        else:
+            fresh = not resume or config is not None or preset is not None
+            cfg = load_config(config, preset) if fresh else training.resume_config(output)
+            cfg = cfg.with_training(**flags)
         report = _TrainReport(rank0)
         try:
             result = training.train(cfg, data, output, validation_dir=validation, resume=resume,
@@ -317,6 +330,11 @@ def cli_train(
         if result.best and result.best["step"] != result.step:
             console.print(f"the model files are those of step {result.best['step']:,}, the best validation "
                           f"(average perplexity {result.best['average_perplexity']:.2f})", highlight=False)
+        if result.best and result.baseline and result.baseline["name"] == "kn5":
+            from elmo_cli.baselines import place_ratio
+
+            ratio = result.best["average_perplexity"] / result.baseline["average_perplexity"]
+            console.print(place_ratio(ratio, result.train_tokens), highlight=False)
 
 
 # ---- evaluate ------------------------------------------------------------------------------
@@ -353,7 +371,8 @@ def _baselines(kinds: list[str], train: list[str], order: int, data: list[str], 
             kn = kneser_ney_baseline(train, data, loaded.text, order, exclude_unk, errors)
             out[f"kn{order}"] = {"forward_perplexity": kn.forward_perplexity,
                                  "backward_perplexity": kn.backward_perplexity,
-                                 "average_perplexity": kn.average_perplexity, "tokens": kn.tokens}
+                                 "average_perplexity": kn.average_perplexity, "tokens": kn.tokens,
+                                 "train_words": kn.train_words}
         else:
             uni = unigram_perplexity(unigram_model(train, loaded.text, errors), data, loaded.text, exclude_unk,
                                      errors)
@@ -453,6 +472,11 @@ def cli_evaluate(
         return
     console.print(_evaluate_table(f"evaluate {loaded.source}", result, refs, exclude_unk))
     console.print(f"full softmax over {result.vocab_size:,} words, no dropout; {mode}", highlight=False)
+    if "kn5" in refs and not exclude_unk and not stateful:
+        from elmo_cli.baselines import place_ratio
+
+        ratio = result.average_perplexity / refs["kn5"]["average_perplexity"]
+        console.print(place_ratio(ratio, refs["kn5"]["train_words"]), highlight=False)
     if per_sentence is not None:
         console.print(f"per-sentence scores: {per_sentence}", highlight=False)
 

@@ -240,6 +240,7 @@ class KneserNeyPerplexity:
     tokens: int
     forward_logprob: float  # natural-log sum over the forward targets
     backward_logprob: float
+    train_words: int = 0  # words of the training text the model was counted from
 
     @property
     def forward_perplexity(self) -> float:

@@ -86,7 +86,10 @@ PRESETS: dict[str, Preset] = {
     "original": Preset(RunConfig(_published(4096, 512, 2)), "the paper's 2x4096_512_2048cnn_2xhighway, bilm-tf's recipe"),
 }
 
-PRESETS_HELP = f"Recipe: {', '.join(PRESETS)} (default {DEFAULT_PRESET}; the table above)."
+AUTO = "auto"  # not a table entry: `elmo_cli.auto` chooses the shape and recipe for the corpus, budget and machine
+AUTO_ABOUT = ("measures this machine, then picks shape, dtype and dropout for the corpus and the budget "
+              "(--max-time, --epochs or --max-steps, required); laptop's recipe otherwise")
+PRESETS_HELP = f"Recipe: {', '.join(PRESETS)} or {AUTO} (default {DEFAULT_PRESET}; the table above)."
 
 
 def _length(t: TrainingConfig) -> str:
@@ -106,13 +109,13 @@ def presets_table() -> str:
                      str(t.batch_size), f"{t.dropout:g}", _length(t)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines += [f"{name}: {p.about}" for name, p in PRESETS.items()]
+    lines += [f"{name}: {p.about}" for name, p in PRESETS.items()] + [f"{AUTO}: {AUTO_ABOUT}"]
     return "\b\n" + "\n".join(lines)
 
 
 def preset_config(name: str) -> RunConfig:
     if name not in PRESETS:
-        raise ElmoError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ElmoError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} or {AUTO}")
     return PRESETS[name].config
 
 

@@ -32,7 +32,7 @@ from elmo_cli.bilm_format import ModelFiles, save_model_dir
 from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
                                  restore_rank, save_checkpoint)
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
-from elmo_cli.distributed import init_distributed
+from elmo_cli.distributed import Dist, init_distributed
 from elmo_cli.evaluate import evaluate
 from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
 from elmo_cli.model.bilm import BiLM
@@ -84,8 +84,7 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)
     baseline: dict | None = None
     best: dict | None = None
-
-
+    train_tokens: int = 0  # the shards' words (the manifest's total_tokens)
 
 
 # ---- the loss module (what DDP wraps) -----------------------------------------------------------------------------
@@ -480,6 +479,18 @@ class _Trainer:
         self.last_checkpoint: Path | None = latest_checkpoint(run_dir) if ckpt is not None else None
         self.start = time.monotonic()
 
+    @classmethod
+    def bare(cls, config: RunConfig, dataset: ShardDataset) -> "_Trainer":
+        """A trainer of one process that writes nothing (no run directory, no validation): for timing steps."""
+        self = cls.__new__(cls)
+        self.tc, self.run_dir, self.dataset, self.vdataset = config.training, None, dataset, None
+        self.ddp, self.device = Dist(), resolve_device(config.training.device)
+        self.autocast = torch.bfloat16 if config.training.dtype == "bf16" else None
+        self.config = fit_to_data(config, dataset)
+        self._build(None, False)
+        self.progress, self.last_checkpoint, self.start = _Progress(), None, time.monotonic()
+        return self
+
     def _build(self, init_from: "Path | ModelFiles | None", reset_softmax: bool) -> None:
         """Model, identical on every rank (DDP also broadcasts rank 0's parameters), optimizer, data streams."""
         tc, ddp, B = self.tc, self.ddp, self.tc.batch_size
@@ -669,7 +680,37 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     return TrainResult(run_dir=run_dir, step=run.step, total_steps=total, stopped=stopped,
                        train_loss=meter.last_mean, tokens_per_s=meter.rate, elapsed=time.monotonic() - tr.start,
                        checkpoint=tr.last_checkpoint, validation=validation, resumed_from=resumed_from,
-                       world_size=tr.ddp.world_size, notes=tr.notes, baseline=tr.baseline, best=run.best)
+                       world_size=tr.ddp.world_size, notes=tr.notes, baseline=tr.baseline, best=run.best,
+                       train_tokens=tr.dataset.total_tokens)
+
+
+def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float) -> float:
+    """Training tokens per second (per direction) of `config` on `dataset` in this process, on its device and
+    threads: a fresh model, two warm-up steps, then real training steps for about `seconds` (at least three).
+    Writes nothing; the global RNGs are reseeded by the run that follows, as every run reseeds them."""
+    threads = torch.get_num_threads()
+    try:
+        set_threads(config.training.threads or None)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+            probe = _Trainer.bare(config, dataset)
+            probe.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
+            for _ in range(2):
+                probe.step()
+            _synchronize(probe.device)
+            tokens, steps, start = 0, 0, time.monotonic()
+            while steps < 3 or time.monotonic() - start < seconds:
+                tokens += probe.step()[3]
+                steps += 1
+            _synchronize(probe.device)
+            return tokens / (time.monotonic() - start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _agree(ddp, device: torch.device, flag: bool) -> bool:

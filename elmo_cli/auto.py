@@ -1,0 +1,251 @@
+"""`train --preset auto`: the model and recipe for this corpus, this budget and this machine, chosen before step 1.
+
+What it knows: the training tokens and vocabulary size (the shard manifest), the budget (`--max-time`, else
+`--epochs` or `--max-steps`), the device and threads, and a throughput probe: a few seconds of real training
+steps of each candidate shape on this process (`train.measure_throughput`). The rule:
+
+1. The shapes of `LADDER` are probed from the smallest up. Each gets its expected passes over the corpus in the
+   budget, ``epochs = tokens/s x seconds / training tokens``. The largest shape that still gets `MIN_EPOCHS` is
+   taken (the smallest always qualifies); the probe stops at the first that does not.
+2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
+   `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
+3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
+   few times needs little, one that sees it fifty times needs much.
+4. The rest is the `laptop` recipe: Adam with warmup and a cosine decay laid over the budget, batch 32, 20-token
+   windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller).
+
+With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
+budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
+numbers in this file were measured; docs/auto.md has the runs behind them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_cli.loading import resolve_device
+from elmo_cli.presets import PRESETS
+from elmo_cli.train_config import RunConfig, merge_config
+from vocab.errors import ElmoError
+
+MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
+MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
+BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
+EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape an hour would get
+# (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
+DROPOUT_BY_EPOCHS = ((3.0, 0.1), (8.0, 0.2), (25.0, 0.3), (math.inf, 0.4))
+PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
+PROBE_SECONDS = (1.0, 6.0)
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    model: ModelConfig
+
+
+_SMALL_CNN = CharCNNConfig(filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1)
+
+
+def _shape(dim: int, proj: int) -> Shape:
+    lstm = LSTMConfig(dim=dim, projection_dim=proj, n_layers=2, cell_clip=3.0, proj_clip=3.0)
+    return Shape(f"LSTM {dim}/{proj}", ModelConfig(char_cnn=_SMALL_CNN, lstm=lstm))
+
+
+# Smallest first. The char CNN stays the small one of `tiny`: on a CPU it is the costliest part per parameter.
+LADDER = (_shape(512, 128), _shape(1024, 256))
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the rule reads before step 1."""
+
+    train_tokens: int
+    train_sentences: int
+    vocab_size: int
+    budget_seconds: float  # --max-time, 0 when the budget is --epochs or --max-steps
+    epochs: float | None  # --epochs or --max-steps expressed in epochs, when that is the budget
+    threads: int
+    device: str  # "cpu", "cuda", ...
+    validation_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Probe:
+    shape: str
+    dtype: str
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    config: RunConfig
+    reason: str  # one line for the console and metrics.jsonl
+    probes: tuple[Probe, ...]
+    expected_epochs: float
+    probe_seconds: float
+    shape: str = ""
+
+
+def dropout_for(epochs: float) -> float:
+    return next(d for bound, d in DROPOUT_BY_EPOCHS if epochs < bound)
+
+
+def probe_seconds(budget_seconds: float) -> float:
+    lo, hi = PROBE_SECONDS
+    return min(max(PROBE_FRACTION * (budget_seconds or EPOCHS_FOR_SHAPE_WITHOUT_TIME), lo), hi)
+
+
+def check_facts(facts: Facts, source: str) -> None:
+    """The bad inputs `auto` refuses before probing: no budget, too little text, a budget under one validation."""
+    if not facts.budget_seconds and not facts.epochs:
+        raise ElmoError("--preset auto needs a budget: give --max-time (e.g. 60m), --epochs or --max-steps")
+    if facts.train_tokens < MIN_TOKENS:
+        raise ElmoError(f"{source}: {facts.train_tokens:,} training tokens is too little text for --preset auto "
+                        f"(at least {MIN_TOKENS:,}); a 5-gram Kneser-Ney model is the better model of so little "
+                        f"text, and --preset tiny still runs the pipeline")
+    if facts.train_sentences < 4 * _base().training.batch_size:
+        raise ElmoError(f"{source}: {facts.train_sentences:,} sentences cannot be spread over "
+                        f"{_base().training.batch_size} batch rows sensibly (at least "
+                        f"{4 * _base().training.batch_size}); split the text into one sentence per line")
+
+
+def _base() -> RunConfig:
+    return PRESETS["laptop"].config
+
+
+def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: str = "--data") -> Choice:
+    """Apply the rule (module docstring). ``measure(config, seconds)`` returns training tokens/s of `config`.
+
+    ``choose(Facts(800_000, 30_000, 10_000, 3600, None, 2, "cpu"), measure)`` -> `Choice` with the config, its
+    one-line reason and the probes behind it.
+    """
+    check_facts(facts, source)
+    seconds = probe_seconds(facts.budget_seconds)
+    budget = facts.budget_seconds or EPOCHS_FOR_SHAPE_WITHOUT_TIME
+    base = _base()
+    negatives = min(base.training.n_negative_samples, facts.vocab_size)
+    bf16_native = facts.device.startswith("cuda") or _cpu_bf16()
+    probes: list[Probe] = []
+    chosen: tuple[Shape, str, float] | None = None
+    for shape in LADDER:
+        config = _config(base, shape, "fp32", negatives, facts.threads)
+        best = ("fp32", measure(config, seconds))
+        probes.append(Probe(shape.name, "fp32", best[1]))
+        if bf16_native:
+            rate = measure(_config(base, shape, "bf16", negatives, facts.threads), seconds)
+            probes.append(Probe(shape.name, "bf16", rate))
+            if rate >= BF16_GAIN * best[1]:
+                best = ("bf16", rate)
+        epochs = best[1] * budget / facts.train_tokens
+        if chosen is not None and epochs < MIN_EPOCHS:
+            break
+        chosen = (shape, best[0], best[1])
+    shape, dtype, rate = chosen
+    budget_epochs = rate * budget / facts.train_tokens
+    epochs = facts.epochs if facts.epochs else budget_epochs
+    dropout = dropout_for(epochs)
+    config = _config(base, shape, dtype, negatives, facts.threads)
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout))
+    spent = len(probes) * (seconds + 0.5)
+    if facts.budget_seconds:
+        why = (f"{rate:,.0f} tokens/s measured x {_minutes(facts.budget_seconds)} = {budget_epochs:.1f} passes "
+               f"over {facts.train_tokens / 1e6:.2f}M tokens")
+    else:
+        why = f"{epochs:g} epochs asked for; the shape an hour would get ({budget_epochs:.1f} passes at " \
+              f"{rate:,.0f} tokens/s)"
+    larger = [p for p in probes if p.shape != shape.name and LADDER.index(_by_name(p.shape)) >
+              LADDER.index(shape)]
+    if larger:
+        why += f"; {larger[0].shape} would get {max(p.tokens_per_s for p in larger) * budget / facts.train_tokens:.1f}" \
+               f" (< {MIN_EPOCHS:g})"
+    reason = (f"auto: {shape.name}, {dtype}, dropout {dropout:g}, {config.training.n_negative_samples:,} "
+              f"negatives{' (full softmax)' if negatives >= facts.vocab_size else ''}: {why}")
+    return Choice(config, reason, tuple(probes), epochs, spent, shape.name)
+
+
+def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, overrides: dict
+                ) -> tuple[RunConfig, Choice]:
+    """`train --preset auto`: the facts from the shards and the command line, the probe on this process, the
+    choice, then the user's config file and flags over it (they win). Returns the run's configuration (its
+    ``max_time`` less the probe's time, so the command keeps to its budget) and the `Choice`.
+
+    # Parameters
+    user : the ``--config`` dict or None; overrides : the flags given (`RunConfig.with_training` keywords).
+    """
+    import time
+
+    import torch
+
+    from elmo_cli.train import measure_throughput, open_shards
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    given.update({k: v for k, v in (user or {}).get("training", {}).items() if k in ("max_time", "epochs",
+                                                                                     "max_steps", "threads",
+                                                                                     "device")
+                  and k not in given})
+    dataset = open_shards(data_dir, "--data")
+    vdataset = open_shards(validation_dir, "--validation") if validation_dir is not None else None
+    B, T = _base().training.batch_size, _base().training.unroll_steps
+    tokens = dataset.total_tokens
+    epochs = given.get("epochs") or (given["max_steps"] * B * T / max(tokens, 1) if given.get("max_steps") else None)
+    threads = int(given.get("threads") or torch.get_num_threads())
+    device = str(resolve_device(given.get("device")))
+    facts = Facts(tokens, dataset.num_sentences, len(dataset.vocab), float(given.get("max_time") or 0.0), epochs,
+                  threads, device, vdataset.total_tokens if vdataset is not None else 0)
+    check_facts(facts, str(data_dir))
+    start = time.monotonic()
+    choice = choose(facts, lambda config, seconds: measure_throughput(config, dataset, seconds), str(data_dir))
+    spent = time.monotonic() - start
+    rate = max(p.tokens_per_s for p in choice.probes if p.shape == choice.shape)
+    _check_validation_fits(facts, rate, spent, str(validation_dir))
+    training = {"dropout": choice.config.training.dropout, "dtype": choice.config.training.dtype,
+                "n_negative_samples": choice.config.training.n_negative_samples}
+    config = choice.config
+    if facts.budget_seconds:  # the time governs; the epoch count must not end the run first
+        training["epochs"] = max(config.training.epochs, math.ceil(2 * choice.expected_epochs))
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, **training))
+    config = merge_config(config, user, "--config").with_training(**overrides)
+    if config.training.max_time:
+        config = config.with_training(max_time=max(config.training.max_time - spent, 1.0))
+    return config, dataclasses.replace(choice, probe_seconds=spent)
+
+
+def _check_validation_fits(facts: Facts, rate: float, spent: float, source: str) -> None:
+    """A time budget must leave room for the run to validate: refuse one that a single validation would eat."""
+    if not facts.budget_seconds or not facts.validation_tokens:
+        return
+    one = facts.validation_tokens / rate  # a validation scores both directions at about the training speed
+    if facts.budget_seconds - spent < 4 * one:
+        need = spent + 4 * one
+        raise ElmoError(f"--max-time {_minutes(facts.budget_seconds)} is too short for --preset auto with "
+                        f"{source}: one validation of its {facts.validation_tokens:,} tokens takes about "
+                        f"{one:.0f} s here and the probe took {spent:.0f} s; give at least {_minutes(need)}")
+
+
+def _by_name(name: str) -> Shape:
+    return next(s for s in LADDER if s.name == name)
+
+
+def _config(base: RunConfig, shape: Shape, dtype: str, negatives: int, threads: int) -> RunConfig:
+    training = dataclasses.replace(base.training, dtype=dtype, n_negative_samples=negatives, threads=threads)
+    return RunConfig(model=shape.model, training=training)
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{round(seconds / 60, 1):g} min" if seconds < 7200 else f"{round(seconds / 3600, 2):g} h"
+
+
+def _cpu_bf16() -> bool:
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

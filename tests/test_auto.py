@@ -1,0 +1,178 @@
+"""`train --preset auto`: the rule on measured rates, its bad inputs, a real short run, and the KN5 placement line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from elmo_cli import auto
+from elmo_cli.auto import LADDER, Facts, choose
+from elmo_cli.baselines import Reference, place_ratio
+from elmo_cli.cli import app
+from train_fixtures import make_shards
+
+runner = CliRunner()
+SMALL, LARGE = LADDER[0], LADDER[-1]
+
+
+def rates(table: dict[tuple[str, str], float]):
+    """A fake probe: tokens/s by (shape name, dtype); records what was probed."""
+    seen = []
+
+    def measure(config, seconds):
+        lstm = config.model.lstm
+        name = f"LSTM {lstm.dim}/{lstm.projection_dim}"
+        seen.append((name, config.training.dtype, seconds))
+        return table[(name, config.training.dtype)]
+    measure.seen = seen
+    return measure
+
+
+def facts(tokens=800_000, budget=3600.0, epochs=None, device="cpu", vocab=10_000, sentences=30_000):
+    return Facts(tokens, sentences, vocab, budget, epochs, 2, device)
+
+
+@pytest.fixture
+def no_bf16(monkeypatch):
+    monkeypatch.setattr(auto, "_cpu_bf16", lambda: False)
+
+
+def test_an_hour_on_a_small_corpus_takes_the_larger_shape(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
+    choice = choose(facts(tokens=800_000, budget=3600), measure)
+    # 1,200 tokens/s x 3,600 s / 800k tokens = 5.4 passes >= MIN_EPOCHS
+    assert choice.shape == LARGE.name and choice.config.model == LARGE.model
+    assert choice.expected_epochs == pytest.approx(1200 * 3600 / 800_000)
+    assert choice.config.training.dropout == auto.dropout_for(5.4) == 0.2
+    assert [s[:2] for s in measure.seen] == [(SMALL.name, "fp32"), (LARGE.name, "fp32")]
+    assert "LSTM 1024/256, fp32, dropout 0.2" in choice.reason and "5.4 passes over 0.80M tokens" in choice.reason
+
+
+def test_a_short_budget_keeps_the_small_shape_and_says_why(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
+    choice = choose(facts(tokens=800_000, budget=900), measure)
+    assert choice.shape == SMALL.name and choice.config.model == SMALL.model
+    assert choice.config.training.dropout == auto.dropout_for(3750 * 900 / 800_000)
+    assert "LSTM 1024/256 would get 1.4 (< 4)" in choice.reason
+    assert choice.reason.count("\n") == 0
+
+
+def test_bf16_is_kept_only_where_it_pays(monkeypatch):
+    monkeypatch.setattr(auto, "_cpu_bf16", lambda: True)
+    table = {(SMALL.name, "fp32"): 3750.0, (SMALL.name, "bf16"): 3500.0, (LARGE.name, "fp32"): 1170.0,
+             (LARGE.name, "bf16"): 1700.0}
+    choice = choose(facts(budget=3600), rates(table))
+    assert choice.shape == LARGE.name and choice.config.training.dtype == "bf16"
+    table[(LARGE.name, "bf16")] = 1.1 * 1170.0  # below BF16_GAIN
+    choice = choose(facts(budget=3600), rates(table))
+    assert choice.config.training.dtype == "fp32"
+    short = choose(facts(budget=600), rates(table))
+    assert short.shape == SMALL.name and short.config.training.dtype == "fp32"  # bf16 was slower there
+
+
+def test_a_gpu_probes_bf16_without_asking_the_cpu(monkeypatch):
+    monkeypatch.setattr(auto, "_cpu_bf16", lambda: pytest.fail("the CPU check runs only on a CPU"))
+    measure = rates({(SMALL.name, "fp32"): 2e4, (SMALL.name, "bf16"): 4e4, (LARGE.name, "fp32"): 1e4,
+                     (LARGE.name, "bf16"): 2.5e4})
+    choice = choose(facts(budget=3600, device="cuda:0"), measure)
+    assert (choice.shape, choice.config.training.dtype) == (LARGE.name, "bf16")
+
+
+def test_an_epoch_budget_sizes_the_shape_as_an_hour_would(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
+    choice = choose(facts(budget=0.0, epochs=30.0), measure)
+    assert choice.shape == LARGE.name and choice.expected_epochs == 30.0
+    assert choice.config.training.dropout == auto.dropout_for(30.0) == 0.4
+    assert "30 epochs asked for" in choice.reason
+
+
+def test_a_small_vocabulary_gets_the_full_softmax(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 10.0})
+    choice = choose(facts(vocab=700), measure)
+    assert choice.config.training.n_negative_samples == 700 and "(full softmax)" in choice.reason
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"budget": 0.0}, "--preset auto needs a budget: give --max-time (e.g. 60m), --epochs or --max-steps"),
+    ({"tokens": 5_000}, "corpus.txt: 5,000 training tokens is too little text for --preset auto (at least 20,000)"),
+    ({"sentences": 50}, "corpus.txt: 50 sentences cannot be spread over 32 batch rows"),
+])
+def test_bad_facts_are_refused_before_probing(kwargs, message):
+    measure = rates({})
+    with pytest.raises(auto.ElmoError) as e:
+        choose(facts(**kwargs), measure, "corpus.txt")
+    assert message in str(e.value) and measure.seen == []
+
+
+# ---- the command -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_shards(tmp_path_factory.mktemp("auto"), n_train=4000, n_valid=60)
+
+
+def _one_line_error(result, *fragments):
+    assert result.exit_code == 1, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1, err
+    for f in fragments:
+        assert f in " ".join(err.split()), err
+
+
+def test_auto_trains_within_its_budget_and_places_the_result(corpus, tmp_path):
+    _, train_dir, valid_dir = corpus
+    out = tmp_path / "run"
+    args = ["train", "--data", str(train_dir), "--validation", str(valid_dir), "--output", str(out), "--preset",
+            "auto", "--max-time", "14s", "--threads", "1", "--device", "cpu"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("auto: LSTM ") and " passes over 0.03M tokens" in lines[0]
+    assert "stopped at --max-time" in r.stdout
+    assert any(" KN5" in line and line.split("x KN5")[0].replace(".", "").isdigit() for line in lines), r.stdout
+    saved = json.loads((out / "config.json").read_text())
+    shape = lines[0].split(",")[0].removeprefix("auto: LSTM ")
+    assert f"{saved['lstm']['dim']}/{saved['lstm']['projection_dim']}" == shape
+    assert saved["training"]["max_time"] < 14.0  # the probe's seconds come out of the budget
+    assert saved["training"]["threads"] == 1
+    # the repeated command resumes the run's own choice (no new probe that could choose differently)
+    again = runner.invoke(app, [*args[:-6], "--max-time", "15s", "--threads", "1", "--device", "cpu", "--resume"])
+    assert again.exit_code == 0, again.output
+    assert not again.stdout.startswith("auto:")
+    assert json.loads((out / "config.json").read_text())["lstm"] == saved["lstm"]
+
+
+def test_auto_refuses_a_budget_shorter_than_a_validation(corpus, tmp_path):
+    _, train_dir, valid_dir = corpus
+    r = runner.invoke(app, ["train", "--data", str(train_dir), "--validation", str(valid_dir), "--output",
+                            str(tmp_path / "run"), "--preset", "auto", "--max-time", "2s", "--threads", "1"])
+    _one_line_error(r, "--max-time 2 s is too short", "give at least")
+    assert not (tmp_path / "run").exists()
+
+
+def test_auto_without_a_budget_and_with_init_from(corpus, tmp_path):
+    _, train_dir, _ = corpus
+    r = runner.invoke(app, ["train", "--data", str(train_dir), "--output", str(tmp_path / "run"), "--preset",
+                            "auto"])
+    _one_line_error(r, "--preset auto needs a budget")
+    r = runner.invoke(app, ["train", "--data", str(train_dir), "--output", str(tmp_path / "run"), "--preset",
+                            "auto", "--max-time", "1h", "--init-from", str(tmp_path)])
+    _one_line_error(r, "--preset auto chooses a shape, --init-from keeps the trained one")
+
+
+# ---- what a ratio means ----------------------------------------------------------------------------------------
+REFS = (Reference("A", 800_000, 15, "auto", 0.80), Reference("A", 800_000, 60, "auto", 0.68),
+        Reference("A", 800_000, 120, "auto", 0.61), Reference("B", 200_000, 60, "auto", 0.90))
+
+
+@pytest.mark.parametrize("ratio, tokens, expected", [
+    (0.681, 900_000, "0.681x KN5: in line with 60 min of --preset auto (0.68x) on 0.80M tokens of A"),
+    (0.74, 700_000, "0.740x KN5: between 15 min of --preset auto (0.80x) and 60 min of --preset auto (0.68x) on "
+                    "0.80M tokens of A"),
+    (0.55, 1_500_000, "0.550x KN5: better than 2 h of --preset auto (0.61x) on 0.80M tokens of A"),
+    (0.95, 800_000, "0.950x KN5: short of 15 min of --preset auto (0.80x) on 0.80M tokens of A"),
+    (0.85, 150_000, "0.850x KN5: better than 60 min of --preset auto (0.90x) on 0.20M tokens of B"),
+    (1.07, 800_000, "1.070x KN5: the biLM does not yet predict this text better than a 5-gram Kneser-Ney"),
+])
+def test_place_ratio(ratio, tokens, expected):
+    assert place_ratio(ratio, tokens, REFS).startswith(expected)
