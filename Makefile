@@ -38,10 +38,12 @@ demo: install
 bench: install
 	$(BIN)/python -m benchmarks.run
 
-# The `laptop` recipe for 2 hours on the Austen novels, held-out perplexity at 15/30/60/120 minutes beside
-# order-3 and order-5 Kneser-Ney (2 h 1 min on 2 quiet cores; writes bench-out/quality/).
+# The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on three corpora
+# (austen-0.2M, austen, kjv), held-out perplexity beside 5-gram Kneser-Ney: six hour-long runs, over 6 hours on 2
+# quiet cores. The KJV comes from Debian's bible-kjv package (apt-get install bible-kjv). A rerun skips the runs
+# already in bench-out/quality/quality.jsonl.
 bench-quality: install
-	$(BIN)/python -m benchmarks.bench_quality --minutes 120 --out bench-out/quality
+	$(BIN)/python -m benchmarks.bench_quality --minutes 60 --out bench-out/quality
 
 # ELMo in task models: the demo biLM (made by `make demo` if missing), then `task train --compare` on UD English
 # EWT: UPOS tagging and 5-way genre classification, every arm trained to convergence (15 min 42 s on 2 cores after

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks import bench_quality
+from benchmarks.corpora import AUSTEN_CANDIDATES
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.presets import PRESETS
@@ -166,7 +166,7 @@ def recurrent_step_rate(batch: int = BATCH, proj: int = 512, dim: int = 4096, re
     return 2 * batch * proj * 4 * dim * repeats / (time.perf_counter() - t) / 1e9
 
 
-CORPUS_CANDIDATES = [*bench_quality.CORPUS_CANDIDATES, ROOT / "examples" / "austen_train.txt"]
+CORPUS_CANDIDATES = [*AUSTEN_CANDIDATES, ROOT / "examples" / "austen_train.txt"]
 
 
 def peak_rss_mb(args: list[str]) -> tuple[float, float]:

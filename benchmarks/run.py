@@ -1,7 +1,7 @@
 """`make bench`: run every benchmarks/bench_*.py `main()` in one process, one after another, in a fixed order.
 
 Each benchmark prints its own figures, measured in this run (ratios against a baseline measured alongside, never
-against stored numbers). `python -m benchmarks.run shard train` runs only the named ones.
+against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours) runs only by name.
 """
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import time
 from pathlib import Path
 
 ORDER = ["shard", "train", "evaluate", "embed", "kn"]
+LONG = {"quality"}  # hours: its own target, `make bench-quality`; run it by name
 
 
 def main(argv: list[str]) -> int:
     here = Path(__file__).parent
     found = sorted(p.stem.removeprefix("bench_") for p in here.glob("bench_*.py"))
+    found = [n for n in found if n not in LONG]
     names = argv or [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
     for name in names:
         print(f"\n=== benchmark: {name} ===", flush=True)

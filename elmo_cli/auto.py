@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_cli.distributed import launched_world_size
 from elmo_cli.loading import resolve_device
 from elmo_cli.presets import PRESETS
 from elmo_cli.train_config import RunConfig, merge_config
@@ -87,8 +88,9 @@ class Choice:
     reason: str  # one line for the console and metrics.jsonl
     probes: tuple[Probe, ...]
     expected_epochs: float
-    probe_seconds: float
-    shape: str = ""
+    shape: str
+    tokens_per_s: float  # the chosen shape's, at the chosen dtype
+    probe_seconds: float = 0.0  # wall time of the probe (set by `auto_config`)
 
 
 def dropout_for(epochs: float) -> float:
@@ -131,41 +133,44 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     negatives = min(base.training.n_negative_samples, facts.vocab_size)
     bf16_native = facts.device.startswith("cuda") or _cpu_bf16()
     probes: list[Probe] = []
-    chosen: tuple[Shape, str, float] | None = None
-    for shape in LADDER:
-        config = _config(base, shape, "fp32", negatives, facts.threads)
-        best = ("fp32", measure(config, seconds))
-        probes.append(Probe(shape.name, "fp32", best[1]))
+
+    def fastest(shape: Shape) -> tuple[str, float]:
+        """(dtype, tokens/s): fp32, or bf16 where it is native and at least BF16_GAIN times faster."""
+        best = ("fp32", measure(_config(base, shape, "fp32", negatives, facts.threads), seconds))
+        probes.append(Probe(shape.name, *best))
         if bf16_native:
             rate = measure(_config(base, shape, "bf16", negatives, facts.threads), seconds)
             probes.append(Probe(shape.name, "bf16", rate))
             if rate >= BF16_GAIN * best[1]:
                 best = ("bf16", rate)
-        epochs = best[1] * budget / facts.train_tokens
-        if chosen is not None and epochs < MIN_EPOCHS:
+        return best
+
+    chosen: tuple[Shape, str, float] | None = None
+    refused = ""
+    for shape in LADDER:
+        dtype, rate = fastest(shape)
+        passes = rate * budget / facts.train_tokens
+        if chosen is not None and passes < MIN_EPOCHS:
+            refused = f"; {shape.name} would get {passes:.1f} (< {MIN_EPOCHS:g})"
             break
-        chosen = (shape, best[0], best[1])
+        chosen = (shape, dtype, rate)
+        if passes < MIN_EPOCHS:  # a larger shape is slower still
+            break
     shape, dtype, rate = chosen
     budget_epochs = rate * budget / facts.train_tokens
     epochs = facts.epochs if facts.epochs else budget_epochs
     dropout = dropout_for(epochs)
     config = _config(base, shape, dtype, negatives, facts.threads)
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout))
-    spent = len(probes) * (seconds + 0.5)
     if facts.budget_seconds:
         why = (f"{rate:,.0f} tokens/s measured x {_minutes(facts.budget_seconds)} = {budget_epochs:.1f} passes "
                f"over {facts.train_tokens / 1e6:.2f}M tokens")
     else:
-        why = f"{epochs:g} epochs asked for; the shape an hour would get ({budget_epochs:.1f} passes at " \
-              f"{rate:,.0f} tokens/s)"
-    larger = [p for p in probes if p.shape != shape.name and LADDER.index(_by_name(p.shape)) >
-              LADDER.index(shape)]
-    if larger:
-        why += f"; {larger[0].shape} would get {max(p.tokens_per_s for p in larger) * budget / facts.train_tokens:.1f}" \
-               f" (< {MIN_EPOCHS:g})"
+        why = (f"{epochs:g} epochs asked for; the shape an hour would get ({budget_epochs:.1f} passes at "
+               f"{rate:,.0f} tokens/s)")
     reason = (f"auto: {shape.name}, {dtype}, dropout {dropout:g}, {config.training.n_negative_samples:,} "
-              f"negatives{' (full softmax)' if negatives >= facts.vocab_size else ''}: {why}")
-    return Choice(config, reason, tuple(probes), epochs, spent, shape.name)
+              f"negatives{' (full softmax)' if negatives >= facts.vocab_size else ''}: {why}{refused}")
+    return Choice(config, reason, tuple(probes), epochs, shape.name, rate)
 
 
 def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, overrides: dict
@@ -188,9 +193,13 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
                                                                                      "max_steps", "threads",
                                                                                      "device")
                   and k not in given})
+    if launched_world_size() > 1:
+        raise ElmoError("--preset auto probes one process; under torchrun give a fixed preset, or the choice of an "
+                        "auto run on one process: --config RUN/config.json")
     dataset = open_shards(data_dir, "--data")
     vdataset = open_shards(validation_dir, "--validation") if validation_dir is not None else None
-    B, T = _base().training.batch_size, _base().training.unroll_steps
+    B = given.get("batch_size") or _base().training.batch_size
+    T = given.get("unroll_steps") or _base().training.unroll_steps
     tokens = dataset.total_tokens
     epochs = given.get("epochs") or (given["max_steps"] * B * T / max(tokens, 1) if given.get("max_steps") else None)
     threads = int(given.get("threads") or torch.get_num_threads())
@@ -201,14 +210,11 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     start = time.monotonic()
     choice = choose(facts, lambda config, seconds: measure_throughput(config, dataset, seconds), str(data_dir))
     spent = time.monotonic() - start
-    rate = max(p.tokens_per_s for p in choice.probes if p.shape == choice.shape)
-    _check_validation_fits(facts, rate, spent, str(validation_dir))
-    training = {"dropout": choice.config.training.dropout, "dtype": choice.config.training.dtype,
-                "n_negative_samples": choice.config.training.n_negative_samples}
+    _check_validation_fits(facts, choice.tokens_per_s, spent, str(validation_dir))
     config = choice.config
     if facts.budget_seconds:  # the time governs; the epoch count must not end the run first
-        training["epochs"] = max(config.training.epochs, math.ceil(2 * choice.expected_epochs))
-    config = dataclasses.replace(config, training=dataclasses.replace(config.training, **training))
+        epochs_cap = max(config.training.epochs, math.ceil(2 * choice.expected_epochs))
+        config = dataclasses.replace(config, training=dataclasses.replace(config.training, epochs=epochs_cap))
     config = merge_config(config, user, "--config").with_training(**overrides)
     if config.training.max_time:
         config = config.with_training(max_time=max(config.training.max_time - spent, 1.0))
@@ -225,10 +231,6 @@ def _check_validation_fits(facts: Facts, rate: float, spent: float, source: str)
         raise ElmoError(f"--max-time {_minutes(facts.budget_seconds)} is too short for --preset auto with "
                         f"{source}: one validation of its {facts.validation_tokens:,} tokens takes about "
                         f"{one:.0f} s here and the probe took {spent:.0f} s; give at least {_minutes(need)}")
-
-
-def _by_name(name: str) -> Shape:
-    return next(s for s in LADDER if s.name == name)
 
 
 def _config(base: RunConfig, shape: Shape, dtype: str, negatives: int, threads: int) -> RunConfig:

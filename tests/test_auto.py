@@ -58,6 +58,13 @@ def test_a_short_budget_keeps_the_small_shape_and_says_why(no_bf16):
     assert choice.reason.count("\n") == 0
 
 
+def test_a_budget_too_short_even_for_the_small_shape_probes_nothing_larger(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
+    choice = choose(facts(tokens=2_000_000, budget=600), measure)  # 1.1 passes
+    assert choice.shape == SMALL.name and [s[0] for s in measure.seen] == [SMALL.name]
+    assert choice.config.training.dropout == 0.1
+
+
 def test_bf16_is_kept_only_where_it_pays(monkeypatch):
     monkeypatch.setattr(auto, "_cpu_bf16", lambda: True)
     table = {(SMALL.name, "fp32"): 3750.0, (SMALL.name, "bf16"): 3500.0, (LARGE.name, "fp32"): 1170.0,
@@ -176,3 +183,16 @@ REFS = (Reference("A", 800_000, 15, "auto", 0.80), Reference("A", 800_000, 60, "
 ])
 def test_place_ratio(ratio, tokens, expected):
     assert place_ratio(ratio, tokens, REFS).startswith(expected)
+
+
+def test_the_benchmark_splits_verses_into_words_and_holds_out_every_tenth_chapter():
+    from benchmarks.corpora import split_verses
+
+    text = "".join(f"Ge{c}:1 And God said, Let there be light: and there was light.\nGe{c}:2 It's {c}.\n"
+                   for c in range(1, 21))
+    train, heldout = [], []
+    split_verses(text + "not a verse\n", train, heldout)
+    assert len(train) == 36 and len(heldout) == 4
+    assert train[0] == "And God said , Let there be light : and there was light ."
+    assert heldout == ["And God said , Let there be light : and there was light .", "It's 10 .",
+                       "And God said , Let there be light : and there was light .", "It's 20 ."]

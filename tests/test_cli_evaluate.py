@@ -112,3 +112,19 @@ def test_published_files_without_softmax_point_to_init_from():
     assert r.exit_code == 1
     assert r.stderr.startswith("error:") and "train --init-from" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_kn5_ratio_is_placed_against_the_measured_runs(tmp_path):
+    model, data = setup(tmp_path)
+    r = invoke(["--model", model, data, "--json", "--baseline", "kn", "--baseline-train", data])
+    out = json.loads(r.stdout)
+    kn5 = out["baselines"]["kn5"]
+    assert kn5["train_words"] == sum(len(line.split()) for line in LINES)
+    ratio = out["average_perplexity"] / kn5["average_perplexity"]
+    r = invoke(["--model", model, data, "--baseline", "kn", "--baseline-train", data])
+    assert r.exit_code == 0, r.output
+    placed = [line for line in r.stdout.splitlines() if line.startswith(f"{ratio:.3f}x KN5: ")]
+    assert len(placed) == 1, r.stdout
+    # scored on other targets (<UNK> dropped), the ratio is not the one the measured runs report: no line
+    r = invoke(["--model", model, data, "--baseline", "kn", "--baseline-train", data, "--exclude-unk"])
+    assert "x KN5: " not in r.stdout
