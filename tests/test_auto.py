@@ -196,3 +196,10 @@ def test_the_benchmark_splits_verses_into_words_and_holds_out_every_tenth_chapte
     assert train[0] == "And God said , Let there be light : and there was light ."
     assert heldout == ["And God said , Let there be light : and there was light .", "It's 10 .",
                        "And God said , Let there be light : and there was light .", "It's 20 ."]
+
+
+def test_auto_is_refused_under_torchrun(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(auto.ElmoError) as e:
+        auto.auto_config(tmp_path / "shards", None, None, {"max_time": 3600.0})
+    assert "--preset auto probes one process; under torchrun give a fixed preset" in str(e.value)
