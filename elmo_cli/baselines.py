@@ -133,6 +133,7 @@ REFERENCES = (
     Reference("Austen", 205_391, 15, "auto", 0.722),
     Reference("Austen", 780_554, 60, "laptop", 0.634),
     Reference("Austen", 780_554, 120, "laptop", 0.612),
+    Reference("the KJV", 825_573, 60, "auto", 0.668),
 )
 IN_LINE = 0.02  # ratios this close to a measured one are "in line with" it
 
