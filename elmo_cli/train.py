@@ -427,16 +427,23 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     # Returns
     `TrainResult` (rank 0's view).
     """
-    threads = torch.get_num_threads()
+    with _training_process(config.training.threads):
+        return _train(config, Path(data_dir), Path(run_dir), validation_dir, resume, init_from, reset_softmax,
+                      on_step)
+
+
+@contextlib.contextmanager
+def _training_process(threads: int):
+    """The run's torch threads (restored after) and the one expected warning silenced."""
+    saved = torch.get_num_threads()
     try:
-        set_threads(config.training.threads or None)
+        set_threads(threads or None)
         with warnings.catch_warnings():
             # torch warns that it skips invariant checks on the sparse softmax gradients Adagrad builds; expected.
             warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
-            return _train(config, Path(data_dir), Path(run_dir), validation_dir, resume, init_from, reset_softmax,
-                          on_step)
+            yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(saved)
 
 
 class _Trainer:
@@ -688,24 +695,18 @@ def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float)
     """Training tokens per second (per direction) of `config` on `dataset` in this process, on its device and
     threads: a fresh model, two warm-up steps, then real training steps for about `seconds` (at least three).
     Writes nothing; the global RNGs are reseeded by the run that follows, as every run reseeds them."""
-    threads = torch.get_num_threads()
-    try:
-        set_threads(config.training.threads or None)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
-            probe = _Trainer.bare(config, dataset)
-            probe.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
-            for _ in range(2):
-                probe.step()
-            _synchronize(probe.device)
-            tokens, steps, start = 0, 0, time.monotonic()
-            while steps < 3 or time.monotonic() - start < seconds:
-                tokens += probe.step()[3]
-                steps += 1
-            _synchronize(probe.device)
-            return tokens / (time.monotonic() - start)
-    finally:
-        torch.set_num_threads(threads)
+    with _training_process(config.training.threads):
+        probe = _Trainer.bare(config, dataset)
+        probe.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
+        for _ in range(2):
+            probe.step()
+        _synchronize(probe.device)
+        tokens, steps, start = 0, 0, time.monotonic()
+        while steps < 3 or time.monotonic() - start < seconds:
+            tokens += probe.step()[3]
+            steps += 1
+        _synchronize(probe.device)
+        return tokens / (time.monotonic() - start)
 
 
 def _synchronize(device: torch.device) -> None:
