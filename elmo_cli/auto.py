@@ -11,7 +11,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
    few times needs little, one that sees it fifty times needs much.
-4. The rest is the `laptop` recipe: Adam with warmup and a cosine decay laid over the budget, batch 32, 20-token
+4. A time budget worth more passes than the corpus bears (`max_epochs`: 12 at 32k tokens, growing with the
+   square root of its size) ends the run after that many, with the schedule laid over them: more overfit it.
+5. The rest is the `laptop` recipe: Adam with warmup and a cosine decay laid over the budget, batch 32, 20-token
    windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller).
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
@@ -36,6 +38,7 @@ from vocab.errors import ElmoError
 MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
 MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
 BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
+SQRT_TOKENS_PER_PASS = 15.0  # a time budget buying more than sqrt(tokens)/15 passes ends there (max_epochs)
 EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape an hour would get
 # (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
 DROPOUT_BY_EPOCHS = ((3.0, 0.1), (8.0, 0.2), (25.0, 0.3), (math.inf, 0.4))
@@ -95,6 +98,14 @@ class Choice:
 
 def dropout_for(epochs: float) -> float:
     return next(d for bound, d in DROPOUT_BY_EPOCHS if epochs < bound)
+
+
+def max_epochs(train_tokens: int) -> float:
+    """The passes a time budget may spend on a corpus before the run ends: more only overfit it. Measured at 32k
+    tokens (the biLM peaks near 7 passes there, is flat to 12 and then falls apart) and not reached at 0.2M and
+    0.8M (flat after 7 and 14 passes, not worse); it grows with the square root of the corpus here: 12 passes at
+    32k tokens, 30 at 0.2M, 61 at 0.8M."""
+    return max(MIN_EPOCHS, round(math.sqrt(train_tokens) / SQRT_TOKENS_PER_PASS, 1))
 
 
 def probe_seconds(budget_seconds: float) -> float:
@@ -158,13 +169,22 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             break
     shape, dtype, rate = chosen
     budget_epochs = rate * budget / facts.train_tokens
-    epochs = facts.epochs if facts.epochs else budget_epochs
-    dropout = dropout_for(epochs)
+    cap = max_epochs(facts.train_tokens)
+    capped = not facts.epochs and budget_epochs > cap
+    epochs = facts.epochs or min(budget_epochs, cap)
+    dropout = dropout_for(budget_epochs if capped else epochs)
+    # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
+    # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
+    run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))
     config = _config(base, shape, dtype, negatives, facts.threads)
-    config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout))
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
+                                                                      epochs=run_epochs))
     if facts.budget_seconds:
         why = (f"{rate:,.0f} tokens/s measured x {_minutes(facts.budget_seconds)} = {budget_epochs:.1f} passes "
                f"over {facts.train_tokens / 1e6:.2f}M tokens")
+        if capped:
+            why += (f"; it stops after {cap:g} (about {_minutes(cap * facts.train_tokens / rate)}): "
+                    f"more passes overfit so little text")
     else:
         why = (f"{epochs:g} epochs asked for; the shape an hour would get ({budget_epochs:.1f} passes at "
                f"{rate:,.0f} tokens/s)")
@@ -211,11 +231,7 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     choice = choose(facts, lambda config, seconds: measure_throughput(config, dataset, seconds), str(data_dir))
     spent = time.monotonic() - start
     _check_validation_fits(facts, choice.tokens_per_s, spent, str(validation_dir))
-    config = choice.config
-    if facts.budget_seconds:  # the time governs; the epoch count must not end the run first
-        epochs_cap = max(config.training.epochs, math.ceil(2 * choice.expected_epochs))
-        config = dataclasses.replace(config, training=dataclasses.replace(config.training, epochs=epochs_cap))
-    config = merge_config(config, user, "--config").with_training(**overrides)
+    config = merge_config(choice.config, user, "--config").with_training(**overrides)
     if config.training.max_time:
         config = config.with_training(max_time=max(config.training.max_time - spent, 1.0))
     return config, dataclasses.replace(choice, probe_seconds=spent)

@@ -49,6 +49,27 @@ def test_an_hour_on_a_small_corpus_takes_the_larger_shape(no_bf16):
     assert "LSTM 1024/256, fp32, dropout 0.2" in choice.reason and "5.4 passes over 0.80M tokens" in choice.reason
 
 
+def test_a_time_budget_runs_past_the_expected_passes_so_the_clock_ends_the_run(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
+    choice = choose(facts(tokens=800_000, budget=3600), measure)
+    assert choice.config.training.epochs == max(auto._base().training.epochs, 11)  # ceil(2 x 5.4)
+    assert "stops after" not in choice.reason
+
+
+def test_a_budget_worth_more_passes_than_a_small_corpus_bears_ends_the_run_early(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1800.0})
+    budget_epochs = 1800.0 * 900 / 32_000  # 50.6 passes in 15 minutes
+    choice = choose(facts(tokens=32_000, budget=900, vocab=3000, sentences=2000), measure)
+    assert choice.shape == LARGE.name
+    cap = auto.max_epochs(32_000)
+    assert choice.expected_epochs == choice.config.training.epochs == cap < budget_epochs
+    assert f"= 50.6 passes over 0.03M tokens; it stops after {cap:g} (about {auto._minutes(cap * 32_000 / 1800)})" \
+        in choice.reason
+    # an epoch budget is the user's: never capped
+    asked = choose(facts(tokens=32_000, budget=0.0, epochs=60.0, vocab=3000, sentences=2000), measure)
+    assert asked.expected_epochs == 60.0 and "stops after" not in asked.reason
+
+
 def test_a_short_budget_keeps_the_small_shape_and_says_why(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
     choice = choose(facts(tokens=800_000, budget=900), measure)
