@@ -172,7 +172,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     cap = max_epochs(facts.train_tokens)
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
-    dropout = dropout_for(budget_epochs if capped else epochs)
+    dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
     # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))
