@@ -34,13 +34,19 @@ DEFAULT_CORPORA = ("austen-0.2M", "austen", "kjv")
 
 
 def cpu_model() -> str:
+    """The CPU as a figure needs it: model name, family/model and the vector units that set the speed, e.g.
+    ``AMD EPYC (family 25 model 1, AVX2)`` or ``AMD EPYC (family 25 model 17, AVX-512, AVX512-BF16)``."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    flags = set(info.get("flags", "").split())
+    units = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX"))
+             if flag in flags] or (["AVX2"] if "avx2" in flags else [])
+    where = ", ".join([f"family {info.get('cpu family', '?')} model {info.get('model', '?')}"] + units)
+    return f"{info.get('model name', platform.machine())} ({where})"
 
 
 def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path) -> dict:

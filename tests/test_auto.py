@@ -1,6 +1,7 @@
 """`train --preset auto`: the rule on measured rates, its bad inputs, a real short run, and the KN5 placement line."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from elmo_cli.cli import app
 from train_fixtures import make_shards
 
 runner = CliRunner()
-SMALL, LARGE = LADDER[0], LADDER[-1]
+SMALL, LARGE = LADDER
 
 
 def rates(table: dict[tuple[str, str], float]):
@@ -77,6 +78,18 @@ def test_a_short_budget_keeps_the_small_shape_and_says_why(no_bf16):
     assert choice.config.training.dropout == auto.dropout_for(3750 * 900 / 800_000)
     assert "LSTM 1024/256 would get 1.4 (< 4)" in choice.reason
     assert choice.reason.count("\n") == 0
+
+
+def test_without_native_bf16_an_hour_on_the_kjv_trains_laptops_model_and_recipe(no_bf16):
+    # the rates of 2 AVX2 cores (docs/auto.md): 1024/256 would see the KJV 3.2 times in an hour, so auto keeps the
+    # small shape, and with it exactly the configuration of --preset laptop (0.692 of KN5 in that hour)
+    measure = rates({(SMALL.name, "fp32"): 2450.0, (LARGE.name, "fp32"): 731.0})
+    choice = choose(facts(tokens=825_573, budget=3600), measure)
+    laptop = auto.PRESETS["laptop"].config
+    assert choice.config.model == laptop.model
+    assert dataclasses.replace(choice.config.training, threads=laptop.training.threads) == laptop.training
+    assert choice.reason == ("auto: LSTM 512/128, fp32, dropout 0.3, 1,024 negatives: 2,450 tokens/s measured x "
+                             "60 min = 10.7 passes over 0.83M tokens; LSTM 1024/256 would get 3.2 (< 4)")
 
 
 def test_a_budget_too_short_even_for_the_small_shape_probes_nothing_larger(no_bf16):
@@ -204,6 +217,13 @@ REFS = (Reference("A", 800_000, 15, "auto", 0.80), Reference("A", 800_000, 60, "
 ])
 def test_place_ratio(ratio, tokens, expected):
     assert place_ratio(ratio, tokens, REFS).startswith(expected)
+
+
+def test_place_ratio_names_the_machine_of_a_reference():
+    refs = (Reference("K", 800_000, 60, "laptop", 0.69, "AVX2"), Reference("K", 800_000, 60, "auto", 0.67,
+                                                                            "AVX-512 BF16"))
+    assert place_ratio(0.672, 800_000, refs) == ("0.672x KN5: in line with 60 min of --preset auto (0.67x, AVX-512 "
+                                                "BF16) on 0.80M tokens of K on 2 CPU threads")
 
 
 def test_the_benchmark_splits_verses_into_words_and_holds_out_every_tenth_chapter():
