@@ -153,7 +153,7 @@ def _when(r: Reference) -> str:
 def place_ratio(ratio: float, train_tokens: int, references: tuple[Reference, ...] = REFERENCES) -> str:
     """One line placing a biLM/KN5 ratio against the measured runs on the corpus nearest in size.
 
-    ``place_ratio(0.63, 800_000)`` -> ``"0.630x KN5: in line with 60 min of --preset laptop (0.63x) on
+    ``place_ratio(0.63, 800_000)`` -> ``"0.630x KN5: in line with 60 min of --preset laptop (0.63x, AVX2) on
     0.78M tokens of Austen on 2 CPU threads"``
     """
     head = f"{ratio:.3f}x KN5"
