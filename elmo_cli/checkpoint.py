@@ -15,6 +15,7 @@ Written atomically (temporary file, fsync, rename, fsync of the directory) and r
     elapsed         float        training seconds so far
     best            dict | None  the best validation so far (its step and perplexities), kept in the model files
     bad_validations int          validations since the best one (for --patience)
+    average         state_dict   the AveragedModel of training.average (its module and n_averaged), or None
 
 `rank_state` / `restore_rank` build and restore one process's entry; `build_payload` the whole dict.
 """
@@ -62,10 +63,12 @@ def restore_rank(mine: dict[str, Any], sampler: torch.Generator, device: torch.d
 
 
 def build_payload(config_json: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: list,
-                  tokens: int, elapsed: float, best: dict | None, bad_validations: int) -> dict[str, Any]:
+                  tokens: int, elapsed: float, best: dict | None, bad_validations: int,
+                  average: dict | None = None) -> dict[str, Any]:
     """Everything `save_checkpoint` writes besides format_version and step."""
     return {"config": config_json, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "ranks": ranks, "tokens": tokens, "elapsed": elapsed, "best": best, "bad_validations": bad_validations}
+            "ranks": ranks, "tokens": tokens, "elapsed": elapsed, "best": best, "bad_validations": bad_validations,
+            "average": average}
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:

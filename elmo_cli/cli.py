@@ -237,6 +237,10 @@ def cli_train(
                                                      "vocabulary size means the full softmax)."),
     dropout: Optional[float] = typer.Option(None, "--dropout", help="Dropout on the LSTM inputs and outputs "
                                                                     "(default: the preset's)."),
+    average: Optional[float] = typer.Option(None, "--average", help="Validate and write a moving average of the "
+                                                                    "weights over this last fraction of the run, "
+                                                                    "e.g. 0.05 (0 = the trained weights; default: "
+                                                                    "the preset's).", min=0.0, max=0.99),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of initialisation, data order and sampling "
                                                             "(default 0); same seed and threads: same model."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when torch sees a GPU, else the "
@@ -292,8 +296,8 @@ def cli_train(
         flags = dict(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
-            n_negative_samples=n_negative_samples, dropout=dropout, seed=seed, device=device, dtype=dtype,
-            threads=threads, checkpoint_every=checkpoint_every, validation_every=validation_every,
+            n_negative_samples=n_negative_samples, dropout=dropout, average=average, seed=seed, device=device,
+            dtype=dtype, threads=threads, checkpoint_every=checkpoint_every, validation_every=validation_every,
             patience=patience, baseline=False if no_baseline else None)
         rank0 = is_main_process()
         if preset == AUTO and resume:  # the run's own choice, not a new probe

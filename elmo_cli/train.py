@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 
 from elmo_cli.bilm_format import ModelFiles, save_model_dir
 from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
@@ -143,6 +144,21 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
             if p.grad is not None:
                 p.grad.mul_(scale)
     return total
+
+
+class _MovingAverage:
+    """`AveragedModel`'s ``multi_avg_fn``: an exponential moving average over `horizon` steps (set by the trainer
+    before each update). Early updates average over fewer steps (at most ``(1 + n) / (10 + n)`` of the old
+    average after n updates, as TF's ExponentialMovingAverage), so the average keeps up while the weights move fast.
+    """
+
+    def __init__(self):
+        self.horizon = 1.0
+
+    def __call__(self, averaged: list[torch.Tensor], current: list[torch.Tensor], n_averaged) -> None:
+        n = float(n_averaged)
+        decay = min(1.0 - 1.0 / max(self.horizon, 1.0), (1.0 + n) / (10.0 + n))
+        torch._foreach_lerp_(averaged, current, 1.0 - decay)
 
 
 def _detach(states: tuple) -> tuple[list[State], list[State]]:
@@ -395,10 +411,15 @@ def _total_steps(tc: TrainingConfig, per_epoch: int) -> int:
     return tc.max_steps if tc.max_steps else max(1, math.ceil(tc.epochs * per_epoch))
 
 
-def _validation_due(tc: TrainingConfig, step: int, total_steps: int, seconds_since: float) -> bool:
+def _validation_due(tc: TrainingConfig, step: int, total_steps: int, seconds_since: float,
+                    clock_leads: bool = False) -> bool:
+    """Validate now? Every `validation_every` steps (0: a twentieth of the run's steps) and every
+    `validation_minutes`. `clock_leads`: --max-time, not the steps, will end the run; then the default step
+    cadence (a twentieth of a length the run will not reach) is left out and the clock alone paces validation."""
     every = tc.validation_every or max(1, total_steps // 20)
     minutes = tc.validation_minutes or (max(tc.max_time / 20 / 60, 5.0) if tc.max_time else 15.0)
-    return step % every == 0 or seconds_since >= 60 * minutes
+    by_steps = step % every == 0 and (bool(tc.validation_every) or not clock_leads)
+    return by_steps or seconds_since >= 60 * minutes
 
 
 def _improved(best: dict | None, result: dict) -> bool:
@@ -514,6 +535,9 @@ class _Trainer:
             loss, device_ids=[self.device.index] if self.device.type == "cuda" else None) if ddp.enabled else loss
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, tc)
+        # With training.average, the weights that are validated and written: a moving average of the trained ones.
+        self.ema = _MovingAverage() if tc.average > 0 else None
+        self.averaged = AveragedModel(model, multi_avg_fn=self.ema) if self.ema is not None else None
         self.streams = SentenceStreams(self.dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B,
                                        seed=tc.seed)
         self.per_epoch = steps_per_epoch(self.dataset.total_tokens, B, tc.unroll_steps, ddp.world_size)
@@ -522,8 +546,17 @@ class _Trainer:
         torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
         self.states: tuple = (None, None)
 
+    @property
+    def result_model(self) -> BiLM:
+        """The weights the run validates and writes: the moving average (training.average) or the trained ones."""
+        return self.averaged.module if self.averaged is not None else self.model
+
     def _restore(self, ckpt: dict) -> None:
         self.model.load_state_dict(ckpt["model"])
+        if self.averaged is not None:
+            if ckpt.get("average") is None:
+                raise ElmoError("the checkpoint holds no weight average (training.average); resume without it")
+            self.averaged.load_state_dict(ckpt["average"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         data_state, self.states = restore_rank(ckpt["ranks"][self.ddp.rank], self.sampler, self.device,
                                                self.config.model.lstm.n_layers)
@@ -540,7 +573,7 @@ class _Trainer:
                 f.write(json.dumps(record) + "\n")
 
     def write_model_dir(self) -> None:
-        save_model_dir(self.model, self.run_dir)
+        save_model_dir(self.result_model, self.run_dir)
         self.dataset.encoder.save_to(self.run_dir)
         save_config(self.config, self.run_dir / CONFIG_FILE)
 
@@ -560,7 +593,8 @@ class _Trainer:
             self.write_model_dir()
         run = self.progress
         payload = build_payload(json.dumps(self.config.to_dict()), self.model, self.optimizer, gathered, run.tokens,
-                                self.elapsed(), run.best, run.bad_validations)
+                                self.elapsed(), run.best, run.bad_validations,
+                                self.averaged.state_dict() if self.averaged is not None else None)
         self.last_checkpoint = save_checkpoint(self.run_dir, run.step, payload, keep=self.tc.keep_checkpoints)
         return self.last_checkpoint
 
@@ -569,7 +603,7 @@ class _Trainer:
         if self.vdataset is None or not self.ddp.main:
             return None
         run, baseline = self.progress, self.baseline
-        result = validation_perplexity(self.model, self.vdataset, max(self.tc.batch_size, 64), self.device)
+        result = validation_perplexity(self.result_model, self.vdataset, max(self.tc.batch_size, 64), self.device)
         improved = _improved(run.best, result)
         if improved:
             run.best, run.bad_validations = {"step": run.step, **result}, 0
@@ -581,7 +615,8 @@ class _Trainer:
                      "baseline_average_perplexity": round(baseline["average_perplexity"], 4)} if baseline else {}
         self.log({"kind": "validation", "step": run.step, "elapsed": round(self.elapsed(), 2),
                   **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()},
-                  "softmax": "full", "best": improved, **reference})
+                  "softmax": "full", "weights": "average" if self.averaged is not None else "trained",
+                  "best": improved, **reference})
         plot_runs([read_metrics(self.run_dir)], self.run_dir / CURVES_FILE)
         return result
 
@@ -615,6 +650,9 @@ class _Trainer:
         grad_norm = clip_grad_norm(self.params, tc.clip_norm)
         _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
         self.optimizer.step()
+        if self.averaged is not None:  # horizon: the last `average` of the run's steps (as the schedule sees them)
+            self.ema.horizon = tc.average * (run.step + 1) / max(fraction, 1e-9) if fraction > 0 else 1.0
+            self.averaged.update_parameters(self.model)
         self.states = _detach(new_states)
         tokens = batch.n_tokens * self.ddp.world_size
         run.step += 1
@@ -626,8 +664,9 @@ class _Trainer:
         tc, now = self.tc, time.monotonic()
         stop_now = stop.signal is not None or bool(tc.max_time and self.elapsed() >= tc.max_time)
         by_time = bool(tc.checkpoint_minutes and now - last_ckpt[1] >= 60 * tc.checkpoint_minutes)
+        clock_leads = bool(tc.max_time) and self.elapsed() / tc.max_time > self.progress.step / self.total_steps
         validate = self.vdataset is not None and \
-            _validation_due(tc, self.progress.step, self.total_steps, now - last_validation)
+            _validation_due(tc, self.progress.step, self.total_steps, now - last_validation, clock_leads)
         if self.ddp.enabled:
             flags = torch.tensor([float(stop_now), float(by_time), float(validate)], device=self.device)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)

@@ -43,6 +43,10 @@ class TrainingConfig:
     warmup: float = 0.0
     final_lr_ratio: float = 0.0
     clip_norm: float = 10.0  # global gradient-norm clip (all_clip_norm_val)
+    # Weight averaging: when > 0, validation, the model files and the end of the run use an exponential moving
+    # average of the weights over the last `average` of the run's steps (a fraction: 0.03 = the last 3%); the
+    # checkpoints keep the trained weights and the average both. 0 = the trained weights themselves.
+    average: float = 0.0
     dropout: float = 0.1
     # Zero the LSTM states where each sentence starts. bilm-tf carried them from one sentence into the next, so its
     # models almost never saw a zero state, yet allennlp and elmo-cli embed and score every sentence from zero
@@ -94,6 +98,9 @@ class TrainingConfig:
             if getattr(self, name) not in valid:
                 raise ElmoError(f"{source}: training.{name} must be one of {', '.join(valid)}, got "
                                 f"{getattr(self, name)!r}")
+        if not 0.0 <= self.average < 1.0:
+            raise ElmoError(f"{source}: training.average must be in [0, 1) (a fraction of the run), got "
+                            f"{self.average}")
         if self.warmup >= 1.0 or self.final_lr_ratio > 1.0:
             raise ElmoError(f"{source}: training.warmup must be below 1 and training.final_lr_ratio at most 1")
         if self.weight_decay and self.optimizer == "adagrad":

@@ -322,3 +322,55 @@ def test_torchrun_two_processes_gloo(shards, tmp_path):
     for kind in ("sum", "rank 0", "rank 1"):  # what a wrong reduction would give is far from it
         other, _ = adagrad(kind)
         assert max(float((first["model"][n] - other[n]).abs().max()) for n in names) > 1e-3, kind
+
+
+def test_moving_average_follows_the_horizon():
+    from elmo_cli.train import _MovingAverage
+
+    ema, avg, w = _MovingAverage(), [torch.zeros(3)], [torch.ones(3)]
+    ema.horizon = 4.0
+    ema(avg, w, 0)  # after 0 updates the warm start allows 1/10 of the old average: 0.9 of the new weights
+    assert torch.allclose(avg[0], torch.full((3,), 0.9))
+    ema(avg, [torch.zeros(3)], 1000)  # later the horizon rules: decay 1 - 1/4
+    assert torch.allclose(avg[0], torch.full((3,), 0.9 * 0.75))
+
+
+def test_weight_average_is_what_is_validated_written_and_resumed(shards, tmp_path):
+    _, train_dir, valid_dir = shards
+    cfg = tiny_config(max_steps=40, average=0.25, keep_best=False, lr=0.05)
+    result = train(cfg, train_dir, tmp_path / "a", validation_dir=valid_dir)
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path / "a"))
+    averaged = {k[len("module."):]: v for k, v in ckpt["average"].items() if k.startswith("module.")}
+    assert int(ckpt["average"]["n_averaged"]) == 40 and averaged.keys() == ckpt["model"].keys()
+    # the model files are the average, not the trained weights
+    written = load_model(tmp_path / "a").model.state_dict()
+    name = "softmax.weight" if "softmax.weight" in written else next(iter(written))
+    assert torch.allclose(written[name], averaged[name]) and not torch.allclose(written[name], ckpt["model"][name])
+    records = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if r["kind"] == "validation"][-1]
+    assert last["weights"] == "average" and last["average_perplexity"] == round(result.validation["average_perplexity"], 4)
+    # interrupted (SIGINT after step 20) and resumed: the same trained weights and the same average
+    def interrupt(info):
+        if info.step == 20:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    assert train(cfg, train_dir, tmp_path / "b", on_step=interrupt).stopped == "signal"
+    assert train(cfg, train_dir, tmp_path / "b", resume=True).resumed_from in (20, 21)
+    other = load_checkpoint(latest_checkpoint(tmp_path / "b"))
+    _assert_same_params(ckpt["model"], other["model"])
+    _assert_same_params(ckpt["average"], other["average"])
+    with pytest.raises(ElmoError, match="training.average must be in"):
+        tiny_config(average=1.5)
+
+
+def test_a_time_budget_paces_validation_by_the_clock_alone():
+    from elmo_cli.train import _validation_due
+
+    hour = tiny_config(max_time=3600.0, validation_minutes=10.0, validation_every=0).training
+    # the nominal length (here 40,000 steps) will not be reached: its twentieth does not add validations
+    assert not _validation_due(hour, 2000, 40_000, 60.0, clock_leads=True)
+    assert _validation_due(hour, 2001, 40_000, 600.0, clock_leads=True)
+    # where the steps end the run first, their cadence stays; an explicit --validation-every always does
+    assert _validation_due(hour, 2000, 40_000, 60.0, clock_leads=False)
+    explicit = tiny_config(max_time=3600.0, validation_every=500).training
+    assert _validation_due(explicit, 2000, 40_000, 60.0, clock_leads=True)
