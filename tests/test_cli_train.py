@@ -48,7 +48,7 @@ def test_short_run_writes_a_model_directory(shards, config, tmp_path):
     _, train_dir, valid_dir = shards
     out = tmp_path / "run"
     r = _train("--data", str(train_dir), "--output", str(out), "--config", str(config), "--max-steps", "6",
-               "--validation", str(valid_dir), "--lr", "0.3", "--seed", "4")
+               "--validation", str(valid_dir), "--lr", "0.3", "--seed", "4", "--average", "0.2")
     assert r.exit_code == 0, r.output
     assert "finished: step 6/6" in r.stdout and "validation perplexity (full softmax)" in r.stdout
     # stderr is not a terminal: plain progress lines (the last step's always), one line each however long
@@ -62,6 +62,9 @@ def test_short_run_writes_a_model_directory(shards, config, tmp_path):
     assert options["char_cnn"]["n_characters"] == 262
     effective = json.loads((out / "config.json").read_text())
     assert effective["training"]["lr"] == 0.3 and effective["training"]["seed"] == 4
+    assert effective["training"]["average"] == 0.2  # validated and written: the moving average of the weights
+    assert [json.loads(l)["weights"] for l in (out / "metrics.jsonl").read_text().splitlines()
+            if json.loads(l)["kind"] == "validation"][-1] == "average"
     assert load_model(out).model.softmax is not None
 
 
