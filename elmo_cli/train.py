@@ -536,8 +536,7 @@ class _Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, tc)
         # With training.average, the weights that are validated and written: a moving average of the trained ones.
-        self.ema = _MovingAverage() if tc.average > 0 else None
-        self.averaged = AveragedModel(model, multi_avg_fn=self.ema) if self.ema is not None else None
+        self.averaged = AveragedModel(model, multi_avg_fn=_MovingAverage()) if tc.average > 0 else None
         self.streams = SentenceStreams(self.dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B,
                                        seed=tc.seed)
         self.per_epoch = steps_per_epoch(self.dataset.total_tokens, B, tc.unroll_steps, ddp.world_size)
@@ -620,6 +619,11 @@ class _Trainer:
         plot_runs([read_metrics(self.run_dir)], self.run_dir / CURVES_FILE)
         return result
 
+    def fractions_done(self) -> tuple[float, float]:
+        """The run's progress by its steps and by the clock (0 without --max-time); the larger one is the schedule's."""
+        tc = self.tc
+        return self.progress.step / self.total_steps, self.elapsed() / tc.max_time if tc.max_time else 0.0
+
     # ---- one step -----------------------------------------------------------------------------------------------
     def step(self) -> tuple[float, float, float, int, float]:
         """One optimizer step at the scheduled learning rate.
@@ -628,7 +632,7 @@ class _Trainer:
         forward and backward sampled losses, the gradient norm, the step's tokens (all processes) and the lr.
         """
         tc, run = self.tc, self.progress
-        fraction = max(run.step / self.total_steps, self.elapsed() / tc.max_time if tc.max_time else 0.0)
+        fraction = max(self.fractions_done())
         lr = tc.lr * lr_factor(fraction, tc)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -651,7 +655,7 @@ class _Trainer:
         _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
         self.optimizer.step()
         if self.averaged is not None:  # horizon: the last `average` of the run's steps (as the schedule sees them)
-            self.ema.horizon = tc.average * (run.step + 1) / max(fraction, 1e-9) if fraction > 0 else 1.0
+            self.averaged.multi_avg_fn.horizon = tc.average * (run.step + 1) / fraction if fraction > 0 else 1.0
             self.averaged.update_parameters(self.model)
         self.states = _detach(new_states)
         tokens = batch.n_tokens * self.ddp.world_size
@@ -664,7 +668,8 @@ class _Trainer:
         tc, now = self.tc, time.monotonic()
         stop_now = stop.signal is not None or bool(tc.max_time and self.elapsed() >= tc.max_time)
         by_time = bool(tc.checkpoint_minutes and now - last_ckpt[1] >= 60 * tc.checkpoint_minutes)
-        clock_leads = bool(tc.max_time) and self.elapsed() / tc.max_time > self.progress.step / self.total_steps
+        by_steps, by_clock = self.fractions_done()
+        clock_leads = by_clock > by_steps
         validate = self.vdataset is not None and \
             _validation_due(tc, self.progress.step, self.total_steps, now - last_validation, clock_leads)
         if self.ddp.enabled:
