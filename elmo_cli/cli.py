@@ -237,6 +237,10 @@ def cli_train(
                                                      "vocabulary size means the full softmax)."),
     dropout: Optional[float] = typer.Option(None, "--dropout", help="Dropout on the LSTM inputs and outputs "
                                                                     "(default: the preset's)."),
+    weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: decoupled with "
+                                                                              "--optimizer adamw, L2 with adam "
+                                                                              "(default: the preset's, 0).",
+                                                min=0.0),
     average: Optional[float] = typer.Option(None, "--average", help="Validate and write a moving average of the "
                                                                     "weights over this last fraction of the run, "
                                                                     "e.g. 0.05 (0 = the trained weights; default: "
@@ -296,7 +300,7 @@ def cli_train(
         flags = dict(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
-            n_negative_samples=n_negative_samples, dropout=dropout, average=average, seed=seed, device=device,
+            n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average, seed=seed, device=device,
             dtype=dtype, threads=threads, checkpoint_every=checkpoint_every, validation_every=validation_every,
             patience=patience, baseline=False if no_baseline else None)
         rank0 = is_main_process()

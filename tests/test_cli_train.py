@@ -146,3 +146,26 @@ def test_bad_max_time(shards, tmp_path):
     _, train_dir, _ = shards
     r = _train("--data", str(train_dir), "--output", str(tmp_path / "run"), "--max-time", "soon")
     _one_line_error(r, "--max-time")
+
+
+def test_weight_decay_flag_shrinks_the_weights(shards, config, tmp_path):
+    """`--weight-decay` reaches the optimizer: with adamw the same run ends with smaller weights."""
+    _, train_dir, _ = shards
+    norms = {}
+    for wd in ("0", "0.5"):
+        out = tmp_path / f"wd{wd}"
+        r = _train("--data", str(train_dir), "--output", str(out), "--config", str(config), "--max-steps", "3",
+                   "--optimizer", "adamw", "--lr", "0.01", "--weight-decay", wd, "--seed", "4", "--no-baseline")
+        assert r.exit_code == 0, r.output
+        assert json.loads((out / "config.json").read_text())["training"]["weight_decay"] == float(wd)
+        model = load_model(out).model
+        norms[wd] = sum(float(p.detach().double().pow(2).sum()) for p in model.parameters()) ** 0.5
+    assert norms["0.5"] < norms["0"] * (1 - 1e-4), norms
+
+
+def test_weight_decay_with_adagrad(shards, tmp_path):
+    _, train_dir, _ = shards
+    r = _train("--data", str(train_dir), "--output", str(tmp_path / "run"), "--optimizer", "adagrad",
+               "--weight-decay", "0.1")
+    _one_line_error(r, "weight_decay", "adagrad")
+    assert not (tmp_path / "run").exists()
