@@ -300,9 +300,9 @@ def cli_train(
         flags = dict(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
-            n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average, seed=seed, device=device,
-            dtype=dtype, threads=threads, checkpoint_every=checkpoint_every, validation_every=validation_every,
-            patience=patience, baseline=False if no_baseline else None)
+            n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average,
+            seed=seed, device=device, dtype=dtype, threads=threads, checkpoint_every=checkpoint_every,
+            validation_every=validation_every, patience=patience, baseline=False if no_baseline else None)
         rank0 = is_main_process()
         if preset == AUTO and resume:  # the run's own choice, not a new probe
             cfg = training.resume_config(output).with_training(**flags)
