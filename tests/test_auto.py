@@ -71,6 +71,22 @@ def test_a_budget_worth_more_passes_than_a_small_corpus_bears_ends_the_run_early
     assert asked.expected_epochs == 60.0 and "stops after" not in asked.reason
 
 
+def test_weight_decay_from_twelve_expected_passes(no_bf16):
+    measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1800.0})
+    # 1,800 tokens/s x 2 h / 825k tokens = 15.7 passes: AdamW with decoupled weight decay, and the line says so
+    long = choose(facts(tokens=825_573, budget=7200), measure)
+    assert (long.config.training.optimizer, long.config.training.weight_decay) == ("adamw", auto.WEIGHT_DECAY)
+    assert "dropout 0.3, AdamW decay 0.2, 1,024 negatives: 1,800 tokens/s measured x 2 h = 15.7 passes" \
+        in long.reason
+    # an hour of the same: 7.9 passes, where weight decay trails: laptop's Adam without it
+    hour = choose(facts(tokens=825_573, budget=3600), measure)
+    assert (hour.config.training.optimizer, hour.config.training.weight_decay) == ("adam", 0.0)
+    assert "AdamW" not in hour.reason
+    # an epoch budget decides by the epochs asked for
+    asked = choose(facts(budget=0.0, epochs=12.0), measure)
+    assert asked.config.training.optimizer == "adamw" and "AdamW decay 0.2" in asked.reason
+
+
 def test_a_short_budget_keeps_the_small_shape_and_says_why(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
     choice = choose(facts(tokens=800_000, budget=900), measure)
@@ -181,6 +197,20 @@ def test_auto_trains_within_its_budget_and_places_the_result(corpus, tmp_path):
     assert again.exit_code == 0, again.output
     assert not again.stdout.startswith("auto:")
     assert json.loads((out / "config.json").read_text())["lstm"] == saved["lstm"]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({}, ("adamw", auto.WEIGHT_DECAY)),
+    ({"optimizer": "adagrad"}, ("adagrad", 0.0)),  # the user's optimizer comes without auto's decay
+    ({"optimizer": "adam", "weight_decay": 0.05}, ("adam", 0.05)),
+])
+def test_the_users_optimizer_replaces_autos_weight_decay(corpus, monkeypatch, no_bf16, flags, expected):
+    import elmo_cli.train
+    _, train_dir, _ = corpus
+    monkeypatch.setattr(elmo_cli.train, "measure_throughput", lambda config, dataset, seconds: 50_000.0)
+    config, choice = auto.auto_config(train_dir, None, None, {"epochs": 20.0, "threads": 1, **flags})
+    assert "AdamW decay 0.2" in choice.reason
+    assert (config.training.optimizer, config.training.weight_decay) == expected
 
 
 def test_auto_refuses_a_budget_shorter_than_a_validation(corpus, tmp_path):
