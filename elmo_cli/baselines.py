@@ -139,6 +139,8 @@ REFERENCES = (
     Reference("Austen", 780_554, 120, "laptop", 0.612, AVX2),
     Reference("the KJV", 825_573, 15, "laptop", 0.986, AVX2),
     Reference("the KJV", 825_573, 15, "auto", 0.911, AVX2),
+    Reference("the KJV", 825_573, 15, "laptop", 0.765, BF16),
+    Reference("the KJV", 825_573, 15, "auto", 0.731, BF16),
     Reference("the KJV", 825_573, 60, "auto", 0.668, BF16),
     Reference("the KJV", 825_573, 60, "laptop", 0.692, AVX2),
     Reference("the KJV", 825_573, 120, "auto", 0.578, BF16),
