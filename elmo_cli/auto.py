@@ -15,7 +15,7 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    (`WEIGHT_DECAY`): measured at 15 passes it gains 1.4-2.4% of held-out perplexity; in shorter runs it trails.
 5. A time budget worth more passes than the corpus bears (`max_epochs`: 12 at 32k tokens, growing with the
    square root of its size) ends the run after that many, with the schedule laid over them: more overfit it.
-6. The rest is the `laptop` recipe: Adam with warmup and a cosine decay laid over the budget, batch 32, 20-token
+6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch 32, 20-token
    windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller).
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the

@@ -239,7 +239,8 @@ def cli_train(
                                                                     "(default: the preset's)."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: decoupled with "
                                                                               "--optimizer adamw, L2 with adam "
-                                                                              "(default: the preset's, 0).",
+                                                                              "(default: 0; --preset auto: 0.2 with "
+                                                                              "adamw from 12 passes).",
                                                 min=0.0),
     average: Optional[float] = typer.Option(None, "--average", help="Validate and write a moving average of the "
                                                                     "weights over this last fraction of the run, "
