@@ -245,7 +245,22 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     config = merge_config(chosen, user, "--config").with_training(**overrides)
     if config.training.max_time:
         config = config.with_training(max_time=max(config.training.max_time - spent, 1.0))
-    return config, dataclasses.replace(choice, probe_seconds=spent)
+    return config, dataclasses.replace(choice, probe_seconds=spent, reason=choice.reason + _yours(choice.config, config))
+
+
+def _yours(chosen: RunConfig, final: RunConfig) -> str:
+    """What the user's flags or --config changed of what the line names, so the line says what trains."""
+    changed = []
+    if (final.model.lstm.dim, final.model.lstm.projection_dim) != (chosen.model.lstm.dim,
+                                                                    chosen.model.lstm.projection_dim):
+        changed.append(f"LSTM {final.model.lstm.dim}/{final.model.lstm.projection_dim}")
+    for field, name in (("dtype", ""), ("dropout", "dropout "), ("optimizer", ""), ("weight_decay", "weight decay "),
+                        ("n_negative_samples", "negatives ")):
+        value = getattr(final.training, field)
+        if value != getattr(chosen.training, field):
+            changed.append(f"{name}{value:g}" if isinstance(value, float) else f"{name}{value:,}"
+                           if isinstance(value, int) else f"{name}{value}")
+    return f"; yours over it: {', '.join(changed)}" if changed else ""
 
 
 def _check_validation_fits(facts: Facts, rate: float, spent: float, source: str) -> None:

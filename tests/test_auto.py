@@ -71,6 +71,15 @@ def test_a_budget_worth_more_passes_than_a_small_corpus_bears_ends_the_run_early
     assert asked.expected_epochs == 60.0 and "stops after" not in asked.reason
 
 
+def test_past_the_cap_a_longer_budget_trains_the_same_run(no_bf16):
+    # docs/auto.md's austen-0.2M row: an hour and two hours both stop at the cap, so they are one run
+    measure = rates({(SMALL.name, "fp32"): 5600.0, (LARGE.name, "fp32"): 3200.0})
+    hour, two = (choose(facts(tokens=205_391, budget=b, vocab=5116, sentences=9000), measure) for b in (3600, 7200))
+    assert hour.config == two.config
+    assert hour.expected_epochs == two.expected_epochs == auto.max_epochs(205_391) == 30.2
+    assert "it stops after 30.2 (about 32.3 min)" in hour.reason and "it stops after 30.2" in two.reason
+
+
 def test_weight_decay_from_twelve_expected_passes(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1800.0})
     # 1,800 tokens/s x 2 h / 825k tokens = 15.7 passes: AdamW with decoupled weight decay, and the line says so
@@ -211,6 +220,21 @@ def test_the_users_optimizer_replaces_autos_weight_decay(corpus, monkeypatch, no
     config, choice = auto.auto_config(train_dir, None, None, {"epochs": 20.0, "threads": 1, **flags})
     assert "AdamW decay 0.2" in choice.reason
     assert (config.training.optimizer, config.training.weight_decay) == expected
+    yours = {(): "", ("optimizer",): "; yours over it: adagrad, weight decay 0",
+             ("optimizer", "weight_decay"): "; yours over it: adam, weight decay 0.05"}[tuple(flags)]
+    assert choice.reason.endswith(" 50,000 tokens/s)" + yours), choice.reason
+
+
+def test_the_line_says_what_the_users_flags_changed(corpus, monkeypatch, no_bf16):
+    import elmo_cli.train
+    _, train_dir, _ = corpus
+    monkeypatch.setattr(elmo_cli.train, "measure_throughput", lambda config, dataset, seconds: 50_000.0)
+    user = {"lstm": {"dim": 256, "projection_dim": 64}}
+    config, choice = auto.auto_config(train_dir, None, user, {"epochs": 20.0, "threads": 1, "dropout": 0.5,
+                                                              "n_negative_samples": 512})
+    assert config.training.dropout == 0.5 and config.model.lstm.dim == 256
+    assert choice.reason.startswith("auto: LSTM 1024/256, fp32, dropout 0.3, AdamW decay 0.2")
+    assert choice.reason.endswith("; yours over it: LSTM 256/64, dropout 0.5, negatives 512"), choice.reason
 
 
 def test_auto_refuses_a_budget_shorter_than_a_validation(corpus, tmp_path):
