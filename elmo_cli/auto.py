@@ -13,8 +13,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    few times needs little, one that sees it fifty times needs much.
 4. A budget worth `DECAY_FROM_EPOCHS` passes or more trains with AdamW and decoupled weight decay
    (`WEIGHT_DECAY`): measured at 15 passes it gains 1.4-2.4% of held-out perplexity; in shorter runs it trails.
-5. A time budget worth more passes than the corpus bears (`max_epochs`: 12 at 32k tokens, growing with the
-   square root of its size) ends the run after that many, with the schedule laid over them: more overfit it.
+5. A time budget worth more passes than the corpus bears (`max_epochs`: 12 up to 130k tokens, then growing with
+   the square root of its size: 15 at 0.2M) ends the run after that many, with the schedule laid over them: more
+   overfit it.
 6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch 32, 20-token
    windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller).
 
@@ -40,7 +41,8 @@ from vocab.errors import ElmoError
 MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
 MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
 BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
-SQRT_TOKENS_PER_PASS = 15.0  # a time budget buying more than sqrt(tokens)/15 passes ends there (max_epochs)
+SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs),
+MIN_CAP_EPOCHS = 12.0  # or more than 12 on a smaller corpus
 EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape an hour would get
 # (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
 DROPOUT_BY_EPOCHS = ((3.0, 0.1), (8.0, 0.2), (25.0, 0.3), (math.inf, 0.4))
@@ -106,10 +108,10 @@ def dropout_for(epochs: float) -> float:
 
 def max_epochs(train_tokens: int) -> float:
     """The passes a time budget may spend on a corpus before the run ends: more only overfit it. Measured at 32k
-    tokens (the biLM peaks near 7 passes there, is flat to 12 and then falls apart) and not reached at 0.2M and
-    0.8M (flat after 7 and 14 passes, not worse); it grows with the square root of the corpus here: 12 passes at
-    32k tokens, 30 at 0.2M, 61 at 0.8M."""
-    return max(MIN_EPOCHS, round(math.sqrt(train_tokens) / SQRT_TOKENS_PER_PASS, 1))
+    tokens (the biLM peaks near 7 passes there, is flat to 12 and then falls apart) and at 0.2M (the larger shape
+    peaks near 12-15 passes, then overfits even with dropout 0.4 and weight decay: 15 passes beat 30); it grows with the square root of the corpus here: 12 passes at
+    32k tokens, 15 at 0.2M, 30 at 0.8M."""
+    return max(MIN_CAP_EPOCHS, round(math.sqrt(train_tokens) / SQRT_TOKENS_PER_PASS, 1))
 
 
 def probe_seconds(budget_seconds: float) -> float:

@@ -76,8 +76,9 @@ def test_past_the_cap_a_longer_budget_trains_the_same_run(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 5600.0, (LARGE.name, "fp32"): 3200.0})
     hour, two = (choose(facts(tokens=205_391, budget=b, vocab=5116, sentences=9000), measure) for b in (3600, 7200))
     assert hour.config == two.config
-    assert hour.expected_epochs == two.expected_epochs == auto.max_epochs(205_391) == 30.2
-    assert "it stops after 30.2 (about 32.3 min)" in hour.reason and "it stops after 30.2" in two.reason
+    assert hour.expected_epochs == two.expected_epochs == auto.max_epochs(205_391) == 15.1
+    assert "it stops after 15.1 (about 16.2 min)" in hour.reason and "it stops after 15.1" in two.reason
+    assert auto.max_epochs(32_000) == 12.0 and auto.max_epochs(825_573) == 30.3
 
 
 def test_weight_decay_from_twelve_expected_passes(no_bf16):
