@@ -256,12 +256,11 @@ def _yours(chosen: RunConfig, final: RunConfig) -> str:
     if (final.model.lstm.dim, final.model.lstm.projection_dim) != (chosen.model.lstm.dim,
                                                                     chosen.model.lstm.projection_dim):
         changed.append(f"LSTM {final.model.lstm.dim}/{final.model.lstm.projection_dim}")
-    for field, name in (("dtype", ""), ("dropout", "dropout "), ("optimizer", ""), ("weight_decay", "weight decay "),
-                        ("n_negative_samples", "negatives ")):
+    for field, name, spec in (("dtype", "", ""), ("dropout", "dropout ", "g"), ("optimizer", "", ""),
+                              ("weight_decay", "weight decay ", "g"), ("n_negative_samples", "negatives ", ",")):
         value = getattr(final.training, field)
         if value != getattr(chosen.training, field):
-            changed.append(f"{name}{value:g}" if isinstance(value, float) else f"{name}{value:,}"
-                           if isinstance(value, int) else f"{name}{value}")
+            changed.append(name + format(value, spec))
     return f"; yours over it: {', '.join(changed)}" if changed else ""
 
 
