@@ -41,8 +41,8 @@ from vocab.errors import ElmoError
 MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
 MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
 BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
-SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs),
-MIN_CAP_EPOCHS = 12.0  # or more than 12 on a smaller corpus
+SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs)
+MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
 EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape an hour would get
 # (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
 DROPOUT_BY_EPOCHS = ((3.0, 0.1), (8.0, 0.2), (25.0, 0.3), (math.inf, 0.4))
@@ -109,8 +109,8 @@ def dropout_for(epochs: float) -> float:
 def max_epochs(train_tokens: int) -> float:
     """The passes a time budget may spend on a corpus before the run ends: more only overfit it. Measured at 32k
     tokens (the biLM peaks near 7 passes there, is flat to 12 and then falls apart) and at 0.2M (the larger shape
-    peaks near 12-15 passes, then overfits even with dropout 0.4 and weight decay: 15 passes beat 30); it grows with the square root of the corpus here: 12 passes at
-    32k tokens, 15 at 0.2M, 30 at 0.8M."""
+    peaks near 12-15 passes, then overfits even with dropout 0.4 and weight decay: 15 passes beat 30); past 12 it
+    grows with the square root of the corpus: 12 passes at 32k tokens, 15 at 0.2M, 30 at 0.8M."""
     return max(MIN_CAP_EPOCHS, round(math.sqrt(train_tokens) / SQRT_TOKENS_PER_PASS, 1))
 
 
@@ -247,7 +247,8 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     config = merge_config(chosen, user, "--config").with_training(**overrides)
     if config.training.max_time:
         config = config.with_training(max_time=max(config.training.max_time - spent, 1.0))
-    return config, dataclasses.replace(choice, probe_seconds=spent, reason=choice.reason + _yours(choice.config, config))
+    reason = choice.reason + _yours(choice.config, config)
+    return config, dataclasses.replace(choice, probe_seconds=spent, reason=reason)
 
 
 def _yours(chosen: RunConfig, final: RunConfig) -> str:
