@@ -51,9 +51,10 @@ def flops_per_token(model: ModelConfig, negatives: int, vocab_size: int) -> floa
     return 3.0 * (cnn + highway + projection + lstms + softmax)
 
 
-def run_preset(preset: str, shards: Path, work: Path, warmup: int, measured: int, **overrides) -> dict:
+def run_preset(preset: str, shards: Path, work: Path, warmup: int, measured: int, device: str = "cpu",
+               **overrides) -> dict:
     cfg = load_config(None, preset).with_training(max_steps=warmup + measured, log_every=warmup,
-                                                  checkpoint_every=0, checkpoint_minutes=0, device="cpu",
+                                                  checkpoint_every=0, checkpoint_minutes=0, device=device,
                                                   **overrides)
     run = work / f"run-{preset}"
     train(cfg, shards, run)

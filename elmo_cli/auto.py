@@ -271,7 +271,7 @@ def _check_validation_fits(facts: Facts, rate: float, spent: float, source: str)
         return
     one = facts.validation_tokens / rate  # a validation scores both directions at about the training speed
     if facts.budget_seconds - spent < 4 * one:
-        need = spent + 4 * one
+        need = math.ceil(spent + 4 * one)  # whole seconds, up: never 'at least' what was just refused
         raise ElmoError(f"--max-time {_minutes(facts.budget_seconds)} is too short for --preset auto with "
                         f"{source}: one validation of its {facts.validation_tokens:,} tokens takes about "
                         f"{one:.0f} s here and the probe took {spent:.0f} s; give at least {_minutes(need)}")

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from vocab.errors import ElmoError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -39,6 +41,10 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
         return Dist(), device
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
+        if local >= torch.cuda.device_count():
+            raise ElmoError(f"torchrun process {rank} has LOCAL_RANK {local}, but torch sees "
+                            f"{torch.cuda.device_count()} GPU(s) on this machine: start at most that many "
+                            f"processes per node (torchrun's nproc-per-node), or --device cpu for gloo on the CPU")
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
     if not dist.is_initialized():

@@ -144,7 +144,7 @@ def test_torchrun_two_ranks_write_one_file(tmp_path):
         port = sock.getsockname()[1]
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port", str(port),
            "-m", "elmo_cli.cli", "dump-embeddings", str(REFERENCE / "sentences.txt"), str(out), *map(str, MODEL_ARGS),
-           "--batch-size", "3"]
+           "--batch-size", "3", "--device", "cpu"]  # gloo: the CPU path, also where a GPU is present
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.hdf5"]  # part files removed
@@ -259,7 +259,7 @@ def test_torchrun_two_ranks_with_sentence_keys(tmp_path):
         port = sock.getsockname()[1]
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port", str(port),
            "-m", "elmo_cli.cli", "dump-embeddings", str(path), str(out), *map(str, MODEL_ARGS), "--batch-size", "3",
-           "--use-sentence-keys"]
+           "--use-sentence-keys", "--device", "cpu"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.hdf5", "single.hdf5"]

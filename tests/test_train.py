@@ -374,3 +374,15 @@ def test_a_time_budget_paces_validation_by_the_clock_alone():
     assert _validation_due(hour, 2000, 40_000, 60.0, clock_leads=False)
     explicit = tiny_config(max_time=3600.0, validation_every=500).training
     assert _validation_due(explicit, 2000, 40_000, 60.0, clock_leads=True)
+
+
+def test_torchrun_more_processes_than_gpus_is_one_clear_error(monkeypatch):
+    """`torchrun --nproc-per-node 2` on a one-GPU machine: the second process says why, before joining NCCL."""
+    from elmo_cli.distributed import init_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ElmoError, match=r"LOCAL_RANK 1, but torch sees 1 GPU\(s\).*nproc-per-node"):
+        init_distributed(torch.device("cuda"))

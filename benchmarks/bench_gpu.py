@@ -1,0 +1,109 @@
+"""On a CUDA GPU: allennlp's reference reproduced there, training tokens/s and dump tokens/s, fp32 beside bf16.
+
+1. Reference: `Embedder(device="cuda")` on the allennlp reference model and sentences (tests/data/reference), the
+   largest difference from allennlp's vectors for fp32 and for ``compute_dtype="bf16"`` (the CPU figure for fp32,
+   measured in this run on the same host, beside them).
+2. Training: `small` and `original` (bilm-tf's shape, batch 128, 8192 negatives) on shards of
+   examples/austen_train.txt, ``--dtype fp32`` and ``bf16``, tokens/s over the steps after a warm-up interval (the
+   metrics.jsonl interval, as `bench_train`).
+3. Dump: `dump_embeddings` of examples/austen_heldout.txt (864 lines, 21,064 tokens) with random weights in the
+   `original` shape, fp32 and bf16, tokens/s; the same input on the host's CPU in fp32 in this run for the ratio.
+
+Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine).
+
+    python -m benchmarks.bench_gpu
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from benchmarks.bench_train import run_preset
+from elmo_cli.bilm_format import save_model_dir
+from elmo_cli.dump import dump_embeddings
+from elmo_cli.embed import Embedder
+from elmo_cli.loading import load_model
+from elmo_cli.model.bilm import BiLM
+from elmo_cli.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "tests" / "data" / "reference"
+CORPUS = ROOT / "examples" / "austen_train.txt"
+HELDOUT = ROOT / "examples" / "austen_heldout.txt"
+
+
+def reference_difference(device: str, compute_dtype: str) -> float:
+    """Largest |difference| from allennlp's reference vectors, every sentence, layer and feature."""
+    sentences = [l.split() for l in (REFERENCE / "sentences.txt").read_text("utf-8").splitlines()]
+    emb = Embedder(options_file=REFERENCE / "options.json", weight_file=REFERENCE / "weights.hdf5", device=device,
+                   compute_dtype=compute_dtype)
+    got = emb.embed_sentences(sentences)
+    with h5py.File(REFERENCE / "expected_all.hdf5") as f:
+        want = [f[str(i)][...] for i in range(len(sentences))]
+    return max(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want))
+
+
+def dump_rate(model_dir: Path, text: Path, out: Path, device: str, compute_dtype: str) -> tuple[float, int]:
+    """(tokens/s, tokens) of one `dump_embeddings` of `text`, after a 64-line warm-up."""
+    loaded = load_model(model_dir, device=device)
+    warm = out.with_suffix(".warm.txt")
+    warm.write_text("".join(text.read_text("utf-8").splitlines(keepends=True)[:64]), encoding="utf-8")
+    dump_embeddings(loaded, warm, out, force=True, compute_dtype=compute_dtype)
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    result = dump_embeddings(loaded, text, out, force=True, compute_dtype=compute_dtype)
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize()
+    return result.tokens / (time.perf_counter() - t), result.tokens
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        print("no CUDA device: bench_gpu skipped")
+        return
+    from vocab.shards import write_shards
+    from vocab.vocabulary import build_vocab
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+          f"host CPU threads {torch.get_num_threads()}", flush=True)
+    cpu = reference_difference("cpu", "fp32")
+    for dtype in ("fp32", "bf16"):
+        print(f"reference on cuda, {dtype}: largest difference from allennlp {reference_difference('cuda', dtype):.2e}"
+              f" (CPU fp32 in this run: {cpu:.2e})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        work = Path(tmp)
+        build_vocab([CORPUS], work / "vocab.txt")
+        write_shards([CORPUS], work / "vocab.txt", work / "shards")
+        for preset, warmup, measured in (("small", 10, 40), ("original", 5, 20)):
+            rates = {}
+            for dtype in ("fp32", "bf16"):
+                r = run_preset(preset, work / "shards", work / f"{preset}-{dtype}", warmup=warmup, measured=measured,
+                               device="cuda", dtype=dtype)
+                rates[dtype] = r["tokens_per_s"]
+            print(f"train {preset:8s} on cuda: fp32 {rates['fp32']:9,.0f} tokens/s | bf16 {rates['bf16']:9,.0f} "
+                  f"tokens/s | bf16/fp32 {rates['bf16'] / rates['fp32']:.2f}x (batch "
+                  f"{PRESETS[preset].config.training.batch_size}, {r['negatives']} negatives)", flush=True)
+        torch.manual_seed(0)
+        save_model_dir(BiLM(PRESETS["original"].config.model).eval(), work / "model")
+        lines = [l for l in HELDOUT.read_text("utf-8").splitlines() if l.strip()]
+        text = work / "input.txt"
+        text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        cpu_rate, n = dump_rate(work / "model", text, work / "cpu.hdf5", "cpu", "fp32")
+        rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
+                 for dtype in ("fp32", "bf16")}
+        with h5py.File(work / "cpu.hdf5") as a, h5py.File(work / "cuda-fp32.hdf5") as b:
+            diff = max(float(np.abs(a[k][...] - b[k][...]).max()) for k in a if k != "sentence_to_index")
+        print(f"dump original, {len(lines):,} lines, {n:,} tokens: cuda fp32 {rates['fp32']:9,.0f} tokens/s | "
+              f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
+              f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU difference "
+              f"{diff:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
