@@ -41,10 +41,11 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
         return Dist(), device
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
-        if local >= torch.cuda.device_count():
-            raise ElmoError(f"torchrun process {rank} has LOCAL_RANK {local}, but torch sees "
-                            f"{torch.cuda.device_count()} GPU(s) on this machine: start at most that many "
-                            f"processes per node (torchrun's nproc-per-node), or --device cpu for gloo on the CPU")
+        per_node = max(local + 1, int(os.environ.get("LOCAL_WORLD_SIZE", "0")))  # torchrun sets it
+        if per_node > torch.cuda.device_count():  # every process stops here, before joining NCCL
+            raise ElmoError(f"torchrun started {per_node} processes on this machine, but torch sees "
+                            f"{torch.cuda.device_count()} GPU(s): start at most that many processes per node "
+                            f"(torchrun's nproc-per-node), or --device cpu for gloo on the CPU")
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
     if not dist.is_initialized():

@@ -377,12 +377,19 @@ def test_a_time_budget_paces_validation_by_the_clock_alone():
 
 
 def test_torchrun_more_processes_than_gpus_is_one_clear_error(monkeypatch):
-    """`torchrun --nproc-per-node 2` on a one-GPU machine: the second process says why, before joining NCCL."""
+    """`torchrun --nproc-per-node 2` on a one-GPU machine: every process says why, before joining NCCL
+    (rank 0 from torchrun's LOCAL_WORLD_SIZE, and rank 1 from its own LOCAL_RANK without it)."""
     from elmo_cli.distributed import init_distributed
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(ElmoError, match=r"LOCAL_RANK 1, but torch sees 1 GPU\(s\).*nproc-per-node"):
-        init_distributed(torch.device("cuda"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, local_world in (("0", "2"), ("1", None)):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        if local_world is None:
+            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+        with pytest.raises(ElmoError, match=r"torchrun started 2 processes on this machine, but torch sees 1 "
+                                            r"GPU\(s\).*nproc-per-node"):
+            init_distributed(torch.device("cuda"))
