@@ -129,7 +129,8 @@ class Reference:
 
 # 2 threads of an AMD EPYC: Zen 3 (AVX2) or Zen 4/Zen 5 (AVX-512 with BF16, where auto trains its larger shapes in
 # bf16), --max-time runs, each annealed at its own budget and scored at its best validation (docs/auto.md,
-# docs/benchmarks.md). The Austen 60-minute laptop figure is that run's last validation.
+# docs/benchmarks.md). The Austen 60-minute laptop figure is that run's last validation. Where one CPU kind was
+# measured on two machines, the faster one's (Zen 5) is kept.
 AVX2, BF16 = "AVX2", "AVX-512 BF16"
 REFERENCES = (
     Reference("Austen", 205_391, 15, "laptop", 0.721, BF16),
@@ -143,7 +144,8 @@ REFERENCES = (
     Reference("the KJV", 825_573, 15, "auto", 0.911, AVX2),
     Reference("the KJV", 825_573, 15, "laptop", 0.765, BF16),
     Reference("the KJV", 825_573, 15, "auto", 0.731, BF16),
-    Reference("the KJV", 825_573, 60, "auto", 0.668, BF16),
+    Reference("the KJV", 825_573, 60, "auto", 0.602, BF16),
+    Reference("the KJV", 825_573, 60, "laptop", 0.642, BF16),
     Reference("the KJV", 825_573, 60, "laptop", 0.692, AVX2),
     Reference("the KJV", 825_573, 120, "auto", 0.578, BF16),
     Reference("the KJV", 825_573, 120, "laptop", 0.624, BF16),

@@ -201,10 +201,10 @@ def test_auto_trains_within_its_budget_and_places_the_result(corpus, tmp_path):
     saved = json.loads((out / "config.json").read_text())
     shape = lines[0].split(",")[0].removeprefix("auto: LSTM ")
     assert f"{saved['lstm']['dim']}/{saved['lstm']['projection_dim']}" == shape
-    assert saved["training"]["max_time"] < 14.0  # the probe's seconds come out of the budget
+    assert saved["training"]["max_time"] < 24.0  # the probe's seconds come out of the budget
     assert saved["training"]["threads"] == 1
     # the repeated command resumes the run's own choice (no new probe that could choose differently)
-    again = runner.invoke(app, [*args[:-6], "--max-time", "15s", "--threads", "1", "--device", "cpu", "--resume"])
+    again = runner.invoke(app, [*args[:-6], "--max-time", "25s", "--threads", "1", "--device", "cpu", "--resume"])
     assert again.exit_code == 0, again.output
     assert not again.stdout.startswith("auto:")
     assert json.loads((out / "config.json").read_text())["lstm"] == saved["lstm"]
