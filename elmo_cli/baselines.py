@@ -129,7 +129,7 @@ class Reference:
 
 # 2 threads of an AMD EPYC: Zen 3 (AVX2) or Zen 4/Zen 5 (AVX-512 with BF16, where auto trains its larger shapes in
 # bf16), --max-time runs, each annealed at its own budget and scored at its best validation (docs/auto.md,
-# docs/benchmarks.md). The Austen 60-minute laptop figure is that run's last validation. Where one CPU kind was
+# docs/benchmarks.md). The 780,554-token Austen 60-minute laptop figure is its last validation. Where one CPU kind was
 # measured on two machines, the faster one's (Zen 5) is kept.
 AVX2, BF16 = "AVX2", "AVX-512 BF16"
 REFERENCES = (
