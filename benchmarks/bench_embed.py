@@ -119,7 +119,8 @@ def naive_dump(model: BiLM, sentences: list[list[str]], output: Path) -> None:
 
 
 # ---- measurement ----------------------------------------------------------------------------------------------------
-def _max_diff(a: Path, b: Path) -> float:
+def max_diff(a: Path, b: Path) -> float:
+    """The largest |difference| between two dumps' line datasets."""
     with h5py.File(a) as fa, h5py.File(b) as fb:
         return max(float(np.abs(fa[k][...] - fb[k][...]).max()) for k in fb if k.isdigit())
 
@@ -140,7 +141,7 @@ def run_config(name: str, sentences: list[list[str]], tmp: Path, text_file: Path
     t = time.perf_counter()
     dump_embeddings(loaded, text_file, tmp / f"fast_{name}.hdf5", batch_size=BATCH, force=True)
     times["elmo-cli"] = time.perf_counter() - t
-    diff = _max_diff(tmp / f"fast_{name}.hdf5", tmp / f"naive_{name}.hdf5")
+    diff = max_diff(tmp / f"fast_{name}.hdf5", tmp / f"naive_{name}.hdf5")
     assert diff < 1e-4, f"{name}: outputs differ by {diff}"
     # Size per token: float16 on a 40-sentence sample (the size does not depend on the weights' values).
     sample = tmp / "sample.txt"

@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 import torch
 
+from benchmarks.bench_embed import max_diff
 from benchmarks.bench_train import run_preset
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
@@ -97,8 +98,7 @@ def main() -> None:
         cpu_rate, n = dump_rate(work / "model", text, work / "cpu.hdf5", "cpu", "fp32")
         rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
                  for dtype in ("fp32", "bf16")}
-        with h5py.File(work / "cpu.hdf5") as a, h5py.File(work / "cuda-fp32.hdf5") as b:
-            diff = max(float(np.abs(a[k][...] - b[k][...]).max()) for k in a if k != "sentence_to_index")
+        diff = max_diff(work / "cpu.hdf5", work / "cuda-fp32.hdf5")
         print(f"dump original, {len(lines):,} lines, {n:,} tokens: cuda fp32 {rates['fp32']:9,.0f} tokens/s | "
               f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
               f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU difference "
