@@ -137,6 +137,8 @@ REFERENCES = (
     Reference("Austen", 205_391, 15, "auto", 0.722, BF16),
     Reference("Austen", 205_391, 60, "auto", 0.696, BF16),
     Reference("Austen", 205_391, 60, "laptop", 0.740, BF16),
+    Reference("Austen", 780_554, 15, "auto", 0.664, BF16),
+    Reference("Austen", 780_554, 15, "laptop", 0.705, BF16),
     Reference("Austen", 780_554, 60, "laptop", 0.634, AVX2),
     Reference("Austen", 780_554, 60, "auto", 0.658, AVX2),
     Reference("Austen", 780_554, 120, "laptop", 0.612, AVX2),
