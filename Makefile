@@ -38,9 +38,10 @@ demo: install
 bench: install
 	$(BIN)/python -m benchmarks.run
 
-# The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on three corpora
-# (austen-0.2M, austen, kjv), held-out perplexity beside 5-gram Kneser-Ney: six hour-long runs, over 6 hours on 2
-# quiet cores. The KJV comes from Debian's bible-kjv package (apt-get install bible-kjv). A rerun skips the runs
+# The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on four corpora
+# (austen-0.2M, austen, kjv, austen+kjv), held-out perplexity beside 5-gram Kneser-Ney: eight runs of up to an hour
+# (the two on austen-0.2M stop at their pass caps, in about half an hour on a fast CPU), 7 to 8.5 hours on 2 quiet
+# cores. The KJV comes from Debian's bible-kjv package (apt-get install bible-kjv). A rerun skips the runs
 # already in bench-out/quality/quality.jsonl.
 bench-quality: install
 	$(BIN)/python -m benchmarks.bench_quality --minutes 60 --out bench-out/quality
