@@ -151,6 +151,8 @@ REFERENCES = (
     Reference("the KJV", 825_573, 60, "laptop", 0.692, AVX2),
     Reference("the KJV", 825_573, 120, "auto", 0.578, BF16),
     Reference("the KJV", 825_573, 120, "laptop", 0.624, BF16),
+    Reference("Austen and the KJV", 1_606_127, 15, "auto", 0.746, BF16),
+    Reference("Austen and the KJV", 1_606_127, 15, "laptop", 0.829, BF16),
     Reference("Austen and the KJV", 1_606_127, 60, "auto", 0.604, BF16),
     Reference("Austen and the KJV", 1_606_127, 60, "laptop", 0.633, BF16),
     Reference("classical Chinese", 32_233, 15, "auto", 0.982, BF16),
