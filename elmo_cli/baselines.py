@@ -143,6 +143,7 @@ REFERENCES = (
     Reference("Austen", 780_554, 60, "auto", 0.658, AVX2),
     Reference("Austen", 780_554, 120, "laptop", 0.612, AVX2),
     Reference("Austen", 780_554, 120, "auto", 0.569, BF16),
+    Reference("Austen", 780_554, 120, "laptop", 0.613, BF16),
     Reference("the KJV", 825_573, 15, "laptop", 0.986, AVX2),
     Reference("the KJV", 825_573, 15, "auto", 0.911, AVX2),
     Reference("the KJV", 825_573, 15, "laptop", 0.765, BF16),
