@@ -8,6 +8,8 @@
    metrics.jsonl interval, as `bench_train`).
 3. Dump: `dump_embeddings` of examples/austen_heldout.txt (864 lines, 21,064 tokens) with random weights in the
    `original` shape, fp32 and bf16, tokens/s; the same input on the host's CPU in fp32 in this run for the ratio.
+4. `--preset auto`'s shapes by batch rows: the probe `auto` runs (`train.measure_throughput`, 5 s after two warm-up
+   steps) for each shape of `auto.LADDER` at 32, 128 and 512 rows, fp32 and bf16 (docs/auto.md, "On a GPU").
 
 Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine).
 
@@ -64,6 +66,26 @@ def dump_rate(model_dir: Path, text: Path, out: Path, device: str, compute_dtype
     return result.tokens / (time.perf_counter() - t), result.tokens
 
 
+def auto_batch_rates(shards: Path, device: str = "cuda", rows=(32, 128, 512), seconds: float = 5.0
+                     ) -> list[dict]:
+    """Training tokens/s of each `auto.LADDER` shape by batch rows and dtype, as `--preset auto` probes them."""
+    from elmo_cli import auto
+    from elmo_cli.train import measure_throughput, open_shards
+
+    data = open_shards(shards)
+    base = auto._base()
+    negatives = min(base.training.n_negative_samples, len(data.vocab))
+    out = []
+    for shape in auto.LADDER:
+        for dtype in ("fp32", "bf16"):
+            for batch in rows:
+                config = auto._config(base, shape, dtype, negatives, torch.get_num_threads())
+                config = config.with_training(batch_size=batch, device=device)
+                out.append(dict(shape=shape.name, dtype=dtype, batch=batch,
+                                tokens_per_s=measure_throughput(config, data, seconds)))
+    return out
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         print("no CUDA device: bench_gpu skipped")
@@ -103,6 +125,16 @@ def main() -> None:
               f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
               f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU difference "
               f"{diff:.1e}", flush=True)
+        rates = auto_batch_rates(work / "shards")
+        rows = sorted({r["batch"] for r in rates})
+        print("auto's shapes on cuda, tokens/s by batch rows: " + " | ".join(
+            f"{r['shape']} {r['dtype']} {r['batch']}: {r['tokens_per_s']:,.0f}" for r in rates), flush=True)
+        for r in rates:
+            if r["batch"] == rows[-1]:
+                base = next(b for b in rates if b["shape"] == r["shape"] and b["dtype"] == r["dtype"]
+                            and b["batch"] == rows[0])
+                print(f"  {r['shape']} {r['dtype']}: {rows[-1]} rows {r['tokens_per_s'] / base['tokens_per_s']:.1f}x "
+                      f"the tokens/s of {rows[0]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
 5. A time budget worth more passes than the corpus bears (`max_epochs`: 12 up to 130k tokens, then growing with
    the square root of its size: 15 at 0.2M) ends the run after that many, with the schedule laid over them: more
    overfit it.
-6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch 32, 20-token
-   windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller).
+6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch 32,
+   20-token windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). A
+   `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
@@ -82,6 +83,8 @@ class Facts:
     threads: int
     device: str  # "cpu", "cuda", ...
     validation_tokens: int = 0
+    batch_size: int | None = None  # --batch-size / --unroll-steps when given: the probe trains at those
+    unroll_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,14 +130,19 @@ def check_facts(facts: Facts, source: str) -> None:
         raise ElmoError(f"{source}: {facts.train_tokens:,} training tokens is too little text for --preset auto "
                         f"(at least {MIN_TOKENS:,}); a 5-gram Kneser-Ney model is the better model of so little "
                         f"text, and --preset tiny still runs the pipeline")
-    if facts.train_sentences < 4 * _base().training.batch_size:
+    rows = _base(facts).training.batch_size
+    if facts.train_sentences < 4 * rows:
         raise ElmoError(f"{source}: {facts.train_sentences:,} sentences cannot be spread over "
-                        f"{_base().training.batch_size} batch rows sensibly (at least "
-                        f"{4 * _base().training.batch_size}); split the text into one sentence per line")
+                        f"{rows} batch rows sensibly (at least {4 * rows}); split the text into one sentence "
+                        f"per line{' or give a smaller --batch-size' if facts.batch_size else ''}")
 
 
-def _base() -> RunConfig:
-    return PRESETS["laptop"].config
+def _base(facts: Facts | None = None) -> RunConfig:
+    """The `laptop` recipe, at the user's batch rows and window length where they gave them."""
+    config = PRESETS["laptop"].config
+    if facts is not None:
+        config = config.with_training(batch_size=facts.batch_size, unroll_steps=facts.unroll_steps)
+    return config
 
 
 def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: str = "--data") -> Choice:
@@ -146,7 +154,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     check_facts(facts, source)
     seconds = probe_seconds(facts.budget_seconds)
     budget = facts.budget_seconds or EPOCHS_FOR_SHAPE_WITHOUT_TIME
-    base = _base()
+    base = _base(facts)
     negatives = min(base.training.n_negative_samples, facts.vocab_size)
     bf16_native = facts.device.startswith("cuda") or _cpu_bf16()
     probes: list[Probe] = []
@@ -220,7 +228,8 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     given = {k: v for k, v in overrides.items() if v is not None}
     given.update({k: v for k, v in (user or {}).get("training", {}).items() if k in ("max_time", "epochs",
                                                                                      "max_steps", "threads",
-                                                                                     "device")
+                                                                                     "device", "batch_size",
+                                                                                     "unroll_steps")
                   and k not in given})
     if launched_world_size() > 1:
         raise ElmoError("--preset auto probes one process; under torchrun give a fixed preset, or the choice of an "
@@ -234,7 +243,8 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     threads = int(given.get("threads") or torch.get_num_threads())
     device = str(resolve_device(given.get("device")))
     facts = Facts(tokens, dataset.num_sentences, len(dataset.vocab), float(given.get("max_time") or 0.0), epochs,
-                  threads, device, vdataset.total_tokens if vdataset is not None else 0)
+                  threads, device, vdataset.total_tokens if vdataset is not None else 0,
+                  given.get("batch_size"), given.get("unroll_steps"))
     check_facts(facts, str(data_dir))
     start = time.monotonic()
     choice = choose(facts, lambda config, seconds: measure_throughput(config, dataset, seconds), str(data_dir))

@@ -239,6 +239,29 @@ def test_the_line_says_what_the_users_flags_changed(corpus, monkeypatch, no_bf16
     assert choice.reason.endswith("; yours over it: LSTM 256/64, dropout 0.5, negatives 512"), choice.reason
 
 
+def test_the_probe_trains_at_the_users_batch_and_window(corpus, monkeypatch, no_bf16):
+    """A GPU user's --batch-size 256 is probed at 256 rows: the passes the line counts are the run's own."""
+    import elmo_cli.train
+    _, train_dir, _ = corpus
+    seen = []
+
+    def measure(config, dataset, seconds):
+        seen.append((config.training.batch_size, config.training.unroll_steps))
+        return 2_000.0 * config.training.batch_size / 32  # a launch-bound device: tokens/s grow with the rows
+    monkeypatch.setattr(elmo_cli.train, "measure_throughput", measure)
+    config, choice = auto.auto_config(train_dir, None, None, {"max_time": 60.0, "threads": 1, "batch_size": 64,
+                                                              "unroll_steps": 10})
+    assert seen and set(seen) == {(64, 10)}
+    assert (config.training.batch_size, config.training.unroll_steps) == (64, 10)
+    assert choice.tokens_per_s == 4_000.0 and "4,000 tokens/s measured" in choice.reason
+    assert "yours over it" not in choice.reason  # the line names nothing that the flags changed after it
+    from_file, _ = auto.auto_config(train_dir, None, {"training": {"batch_size": 48}}, {"max_time": 60.0,
+                                                                                          "threads": 1})
+    assert seen[-1] == (48, 20) and from_file.training.batch_size == 48
+    with pytest.raises(auto.ElmoError, match=r"sentences cannot be spread over 2048 batch rows .* or give a smaller --batch-size"):
+        auto.auto_config(train_dir, None, None, {"max_time": 60.0, "threads": 1, "batch_size": 2048})
+
+
 def test_auto_refuses_a_budget_shorter_than_a_validation(corpus, tmp_path):
     _, train_dir, valid_dir = corpus
     r = runner.invoke(app, ["train", "--data", str(train_dir), "--validation", str(valid_dir), "--output",
