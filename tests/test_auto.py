@@ -258,7 +258,8 @@ def test_the_probe_trains_at_the_users_batch_and_window(corpus, monkeypatch, no_
     from_file, _ = auto.auto_config(train_dir, None, {"training": {"batch_size": 48}}, {"max_time": 60.0,
                                                                                           "threads": 1})
     assert seen[-1] == (48, 20) and from_file.training.batch_size == 48
-    with pytest.raises(auto.ElmoError, match=r"sentences cannot be spread over 2048 batch rows .* or give a smaller --batch-size"):
+    with pytest.raises(auto.ElmoError,
+                       match=r"sentences cannot be spread over 2048 batch rows .* or give a smaller --batch-size"):
         auto.auto_config(train_dir, None, None, {"max_time": 60.0, "threads": 1, "batch_size": 2048})
 
 
