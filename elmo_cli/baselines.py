@@ -158,6 +158,7 @@ REFERENCES = (
     Reference("Austen and the KJV", 1_606_127, 60, "auto", 0.604, BF16),
     Reference("Austen and the KJV", 1_606_127, 60, "laptop", 0.633, BF16),
     Reference("Austen and the KJV", 1_606_127, 120, "auto", 0.570, BF16),
+    Reference("Austen and the KJV", 1_606_127, 120, "laptop", 0.589, BF16),
     Reference("classical Chinese", 32_233, 15, "auto", 0.982, BF16),
     Reference("classical Chinese", 32_233, 15, "laptop", 1.005, BF16),
 )
