@@ -245,7 +245,6 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     facts = Facts(tokens, dataset.num_sentences, len(dataset.vocab), float(given.get("max_time") or 0.0), epochs,
                   threads, device, vdataset.total_tokens if vdataset is not None else 0,
                   given.get("batch_size"), given.get("unroll_steps"))
-    check_facts(facts, str(data_dir))
     start = time.monotonic()
     choice = choose(facts, lambda config, seconds: measure_throughput(config, dataset, seconds), str(data_dir))
     spent = time.monotonic() - start
