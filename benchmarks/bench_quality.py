@@ -22,32 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.corpora import CORPORA, prepare
+from benchmarks.results import commit, cpu_model
 
 RESULTS = "quality.jsonl"
 DEFAULT_CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv")
-
-
-def cpu_model() -> str:
-    """The CPU as a figure needs it: model name, family/model and the vector units that set the speed, e.g.
-    ``AMD EPYC (family 25 model 1, AVX2)`` or ``AMD EPYC (family 25 model 17, AVX-512, AVX512-BF16)``."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-    except OSError:
-        return platform.processor() or platform.machine()
-    info = {k.strip(): v.strip() for k, v in info.items()}
-    flags = set(info.get("flags", "").split())
-    units = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX"))
-             if flag in flags] or (["AVX2"] if "avx2" in flags else [])
-    where = ", ".join([f"family {info.get('cpu family', '?')} model {info.get('model', '?')}"] + units)
-    return f"{info.get('model name', platform.machine())} ({where})"
 
 
 def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path) -> dict:
@@ -77,15 +61,7 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "dtype": config["training"]["dtype"], "dropout": config["training"]["dropout"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
-            "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "run": str(run_dir)}
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        return ""
+            "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir)}
 
 
 def table(records: list[dict]) -> str:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-ORDER = ["shard", "train", "evaluate", "embed", "kn"]
+ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn"]
 LONG = {"quality"}  # hours: its own target, `make bench-quality`; run it by name
 
 

@@ -3,9 +3,14 @@
     from elmo_cli import Embedder, ScalarMix
 
 The public names are imported lazily, so ``import elmo_cli`` (and ``vocab``) stays light: torch is loaded only when
-`Embedder` or `ScalarMix` is first touched.
+`Embedder` or `ScalarMix` is first touched. Importing it asks oneMKL for bitwise-repeatable products
+(`elmo_cli.machine`), which takes effect when nothing in the process has multiplied matrices yet.
 """
 from __future__ import annotations
+
+from elmo_cli.machine import use_reproducible_blas
+
+use_reproducible_blas()  # before torch's first matrix product: see elmo_cli/machine.py
 
 __all__ = ["Embedder", "ScalarMix"]
 

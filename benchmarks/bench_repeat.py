@@ -1,0 +1,106 @@
+"""The price of repeatable vectors: `dump_embeddings` with oneMKL in strict CNR mode (elmo-cli's default, see
+`elmo_cli.machine`) beside oneMKL's defaults (``ELMO_CLI_BLAS=fast``), measured in one run.
+
+The mode is fixed when a process first multiplies matrices, so every measurement is a fresh process: it loads the
+model, dumps 8 sentences to warm up, then times the dump of bench_embed's 200 sentences (about 25 tokens, batch 64,
+float32, random weights in the published `small` and `original` shapes). The two modes alternate, three processes
+each; the figures are min and median tokens/s, and whether the three outputs of each mode were bit-identical.
+
+    python -m benchmarks.run repeat        (or: python -m benchmarks.bench_repeat [small original])
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_embed import load_sentences
+from benchmarks.results import Recording
+from elmo_cli.bilm_format import save_model_dir
+from elmo_cli.machine import FAST_SWITCH, REPRODUCIBLE_BLAS
+from elmo_cli.model.bilm import BiLM
+from elmo_cli.presets import PRESETS
+
+REPEATS = 3
+MODES = {"repeatable": {}, "fast": {FAST_SWITCH: "fast"}}
+
+# One measurement, in a fresh process: argv = model dir, warm-up text, text, output.
+CHILD = """
+import json, sys, time
+from pathlib import Path
+from elmo_cli.dump import dump_embeddings
+from elmo_cli.loading import load_model
+model, warm, text, out = map(Path, sys.argv[1:5])
+loaded = load_model(model, device="cpu")
+dump_embeddings(loaded, warm, out, batch_size=64, force=True)
+start = time.perf_counter()
+dump_embeddings(loaded, text, out, batch_size=64, force=True)
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+
+def digest(path: Path) -> str:
+    import h5py
+
+    h = hashlib.sha256()
+    with h5py.File(path, "r") as f:
+        for name in sorted((k for k in f if k.isdigit()), key=int):
+            h.update(f[name][...].tobytes())
+    return h.hexdigest()[:16]
+
+
+def measure(model: Path, tmp: Path, mode: str, k: int) -> tuple[float, str]:
+    env = {key: v for key, v in os.environ.items() if key not in REPRODUCIBLE_BLAS and key != FAST_SWITCH}
+    env.update(MODES[mode])
+    out = tmp / f"{mode}-{k}.hdf5"
+    done = subprocess.run([sys.executable, "-c", CHILD, str(model), str(tmp / "warm.txt"), str(tmp / "text.txt"),
+                           str(out)], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])["seconds"], digest(out)
+
+
+def run_shape(name: str, tmp: Path, n_tokens: int) -> dict:
+    torch.manual_seed(0)
+    model = tmp / name
+    save_model_dir(BiLM(PRESETS[name].config.model).eval(), model)
+    seconds: dict[str, list[float]] = {m: [] for m in MODES}
+    digests: dict[str, set[str]] = {m: set() for m in MODES}
+    for k in range(REPEATS):
+        for mode in MODES:
+            s, d = measure(model, tmp, mode, k)
+            seconds[mode].append(s)
+            digests[mode].add(d)
+    rates = {m: sorted(n_tokens / s for s in seconds[m]) for m in MODES}
+    return {m: {"tokens_per_s_min": round(rates[m][0]), "tokens_per_s_median": round(statistics.median(rates[m])),
+                "outputs_bit_identical": len(digests[m]) == 1} for m in MODES} | {
+        "median_ratio_repeatable_over_fast": round(statistics.median(rates["repeatable"])
+                                                   / statistics.median(rates["fast"]), 3)}
+
+
+def main(shapes: list[str] | None = None) -> None:
+    shapes = shapes or ["small", "original"]
+    sentences = load_sentences()
+    n_tokens = sum(len(s) for s in sentences)
+    command = "python -m benchmarks.bench_repeat" + (f" {' '.join(shapes)}" if shapes != ["small", "original"] else "")
+    with tempfile.TemporaryDirectory() as d, Recording("repeat", command) as rec:
+        tmp = Path(d)
+        (tmp / "text.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+        (tmp / "warm.txt").write_text("\n".join(" ".join(s) for s in sentences[:8]) + "\n", encoding="utf-8")
+        rec.figures["tokens"] = n_tokens
+        for name in shapes:
+            r = rec.figures[name] = run_shape(name, tmp, n_tokens)
+            print(f"{name:>9}: strict CNR {r['repeatable']['tokens_per_s_median']:8,} tokens/s (min "
+                  f"{r['repeatable']['tokens_per_s_min']:,}) | oneMKL defaults {r['fast']['tokens_per_s_median']:8,} "
+                  f"(min {r['fast']['tokens_per_s_min']:,}) | ratio {r['median_ratio_repeatable_over_fast']:.3f} | "
+                  f"bit-identical x{REPEATS}: {r['repeatable']['outputs_bit_identical']} / "
+                  f"{r['fast']['outputs_bit_identical']}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or None)
