@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_cli import machine
 from elmo_cli.distributed import launched_world_size
 from elmo_cli.loading import resolve_device
 from elmo_cli.presets import PRESETS
@@ -156,7 +157,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     budget = facts.budget_seconds or EPOCHS_FOR_SHAPE_WITHOUT_TIME
     base = _base(facts)
     negatives = min(base.training.n_negative_samples, facts.vocab_size)
-    bf16_native = facts.device.startswith("cuda") or _cpu_bf16()
+    bf16_native = facts.device.startswith("cuda") or machine.cpu_bf16()
     probes: list[Probe] = []
 
     def fastest(shape: Shape) -> tuple[str, float]:
@@ -295,12 +296,3 @@ def _minutes(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{round(seconds / 60, 1):g} min" if seconds < 7200 else f"{round(seconds / 3600, 2):g} h"
-
-
-def _cpu_bf16() -> bool:
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False

@@ -29,8 +29,8 @@ import torch
 
 from elmo_cli import h5dump
 from elmo_cli.distributed import init_distributed, launched_world_size
-from elmo_cli.embed import (ENCODER_CHUNK, TokenEmbeddings, bf16_problem, compute_dtype_of, cpu_has_bf16, embed_batch,
-                            token_embeddings)
+from elmo_cli.embed import ENCODER_CHUNK, TokenEmbeddings, compute_dtype_of, embed_batch, token_embeddings
+from elmo_cli.machine import bf16_problem, cpu_has_bf16
 from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batches
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import LoadedModel, set_threads

@@ -20,6 +20,7 @@ from elmo_cli import h5dump
 from elmo_cli.inputs import length_sorted_batches, with_boundaries
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import LoadedModel, load_model
+from elmo_cli.machine import bf16_problem
 from elmo_cli.model.bilm import BiLM, to_model_chars
 from elmo_cli.model.lstm import BiLSTMKernel
 from vocab.errors import ElmoError
@@ -214,33 +215,6 @@ def compute_dtype_of(name: str) -> torch.dtype | None:
     if name not in COMPUTE_DTYPES:
         raise ElmoError(f"--compute-dtype {name!r}: expected fp32 or bf16")
     return COMPUTE_DTYPES[name]
-
-
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 instructions that multiply bf16 matrices natively
-
-
-def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
-    """Whether the CPU multiplies bf16 natively (an x86 ``flags`` line of /proc/cpuinfo naming AVX512-BF16 or
-    AMX-BF16); None where that cannot be read (not Linux, or no flags line). ``cpuinfo``: that file's text."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            return None
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith("flags") and ":" in line), None)
-    return None if flags is None else any(f in flags for f in BF16_CPU_FLAGS)
-
-
-def bf16_problem(device: torch.device) -> str | None:
-    """Why bf16 products would be slow on `device` (a sentence), or None when the hardware has them (or for a CPU
-    whose flags cannot be read: then the caller only warns)."""
-    if device.type == "cuda":
-        return None if torch.cuda.is_bf16_supported() else f"{device} has no bf16 support"
-    if cpu_has_bf16() is False:
-        return ("this CPU has no bf16 matrix instructions (AVX512-BF16 or AMX in /proc/cpuinfo), so torch emulates "
-                "them, slower than fp32")
-    return None
 
 
 def token_embeddings(loaded: LoadedModel, token_cache: str | Path | None) -> TokenEmbeddings:

@@ -1,4 +1,5 @@
-"""What this process computes with: reproducible matrix products, set once before torch does any arithmetic.
+"""What this process computes with: reproducible matrix products (set once, before torch does any arithmetic) and
+whether bf16 products are native here.
 
 torch's CPU build multiplies fp32 matrices with Intel oneMKL (``SGEMM`` and ``SGEMM_BATCH``: every product of the
 char CNN, the highways, the LSTMs and the softmax). By default oneMKL runs with Conditional Numerical
@@ -16,6 +17,7 @@ docs/design.md, "Same input, same vectors", has the measurements.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 REPRODUCIBLE_BLAS = {"MKL_CBWR": "AUTO,STRICT", "MKL_DYNAMIC": "FALSE"}
 FAST_SWITCH = "ELMO_CLI_BLAS"  # =fast: leave oneMKL at its defaults
@@ -29,3 +31,47 @@ def use_reproducible_blas(environ=os.environ) -> dict[str, str]:
     added = {k: v for k, v in REPRODUCIBLE_BLAS.items() if k not in environ}
     environ.update(added)
     return added
+
+
+# ---- bf16: the one place that says whether this machine multiplies bf16 natively ---------------------------------
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 instructions that multiply bf16 matrices natively
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether the CPU multiplies bf16 natively (an x86 ``flags`` line of /proc/cpuinfo naming AVX512-BF16 or
+    AMX-BF16); None where that cannot be read (not Linux, or no flags line). ``cpuinfo``: that file's text."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return None
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith("flags") and ":" in line), None)
+    return None if flags is None else any(f in flags for f in BF16_CPU_FLAGS)
+
+
+def cpu_bf16() -> bool:
+    """`cpu_has_bf16`, and where the flags cannot be read, oneDNN's own answer (which also says yes for AVX-512
+    CPUs that only emulate bf16, hence second)."""
+    known = cpu_has_bf16()
+    if known is not None:
+        return known
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def bf16_problem(device) -> str | None:
+    """Why bf16 products would be slow on `device` (a torch.device; a sentence), or None when the hardware has them
+    (or for a CPU whose flags cannot be read: then the caller only warns)."""
+    import torch
+
+    if device.type == "cuda":
+        return None if torch.cuda.is_bf16_supported() else f"{device} has no bf16 support"
+    if cpu_has_bf16() is False:
+        return ("this CPU has no bf16 matrix instructions (AVX512-BF16 or AMX in /proc/cpuinfo), so torch emulates "
+                "them, slower than fp32")
+    return None

@@ -114,7 +114,7 @@ def test_embedder_layer_selection_and_bf16_compute():
 
 
 def test_cpu_bf16_detection_reads_the_flags_line():
-    from elmo_cli.embed import cpu_has_bf16
+    from elmo_cli.machine import cpu_has_bf16
 
     zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\nbogomips\t: 4890\n"
     assert cpu_has_bf16(zen3) is False
@@ -126,10 +126,10 @@ def test_cpu_bf16_detection_reads_the_flags_line():
 def test_bf16_on_a_cpu_without_bf16_instructions(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from elmo_cli import Embedder, embed
+    from elmo_cli import Embedder, machine
     from elmo_cli.cli import app
 
-    monkeypatch.setattr(embed, "cpu_has_bf16", lambda cpuinfo=None: False)
+    monkeypatch.setattr(machine, "cpu_has_bf16", lambda cpuinfo=None: False)
     files = dict(options_file=REFERENCE / "options.json", weight_file=REFERENCE / "weights.hdf5")
     with pytest.warns(UserWarning, match="no bf16 matrix instructions"):
         Embedder(**files, compute_dtype="bf16")

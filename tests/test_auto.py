@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from elmo_cli import auto
+from elmo_cli import auto, machine
 from elmo_cli.auto import LADDER, Facts, choose
 from elmo_cli.baselines import Reference, place_ratio
 from elmo_cli.cli import app
@@ -36,7 +36,7 @@ def facts(tokens=800_000, budget=3600.0, epochs=None, device="cpu", vocab=10_000
 
 @pytest.fixture
 def no_bf16(monkeypatch):
-    monkeypatch.setattr(auto, "_cpu_bf16", lambda: False)
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: False)
 
 
 def test_an_hour_on_a_small_corpus_takes_the_larger_shape(no_bf16):
@@ -126,7 +126,7 @@ def test_a_budget_too_short_even_for_the_small_shape_probes_nothing_larger(no_bf
 
 
 def test_bf16_is_kept_only_where_it_pays(monkeypatch):
-    monkeypatch.setattr(auto, "_cpu_bf16", lambda: True)
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
     table = {(SMALL.name, "fp32"): 3750.0, (SMALL.name, "bf16"): 3500.0, (LARGE.name, "fp32"): 1170.0,
              (LARGE.name, "bf16"): 1700.0}
     choice = choose(facts(budget=3600), rates(table))
@@ -139,7 +139,7 @@ def test_bf16_is_kept_only_where_it_pays(monkeypatch):
 
 
 def test_a_gpu_probes_bf16_without_asking_the_cpu(monkeypatch):
-    monkeypatch.setattr(auto, "_cpu_bf16", lambda: pytest.fail("the CPU check runs only on a CPU"))
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: pytest.fail("the CPU check runs only on a CPU"))
     measure = rates({(SMALL.name, "fp32"): 2e4, (SMALL.name, "bf16"): 4e4, (LARGE.name, "fp32"): 1e4,
                      (LARGE.name, "bf16"): 2.5e4})
     choice = choose(facts(budget=3600, device="cuda:0"), measure)
