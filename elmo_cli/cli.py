@@ -206,6 +206,30 @@ class _TrainReport:
         self.progress.stop()
 
 
+def _print_train_result(result) -> None:
+    """The end of `train`: notes, how it stopped, the last loss, validation and where the ratio to KN5 places it."""
+    import math
+
+    for note in result.notes:
+        console.print(note)
+    how = {"finished": "finished", "max_steps": "already at --max-steps", "max_time": "stopped at --max-time",
+           "signal": "interrupted; resume with --resume",
+           "patience": "stopped: no better validation in --patience validations"}[result.stopped]
+    console.print(f"{how}: step {result.step}/{result.total_steps}, train loss {result.train_loss:.3f} "
+                  f"(sampled softmax, perplexity {math.exp(min(result.train_loss, 50)):.1f}), "
+                  f"{result.tokens_per_s:,.0f} tokens/s; model in {result.run_dir}", highlight=False)
+    if result.validation:
+        console.print(_validation_line(result.step, result.validation, result.baseline), highlight=False)
+    if result.best and result.best["step"] != result.step:
+        console.print(f"the model files are those of step {result.best['step']:,}, the best validation "
+                      f"(average perplexity {result.best['average_perplexity']:.2f})", highlight=False)
+    if result.best and result.baseline and result.baseline["name"] == "kn5":
+        from elmo_cli.baselines import place_ratio
+
+        ratio = result.best["average_perplexity"] / result.baseline["average_perplexity"]
+        console.print(place_ratio(ratio, result.train_tokens), highlight=False)
+
+
 @command(app, "train", "Train a biLM on shards (its help lists the presets).", more=presets_table())
 def cli_train(
     data: Path = typer.Option(..., "--data", help="Shard directory (elmo-cli shard)."),
@@ -282,68 +306,32 @@ def cli_train(
     Example: `elmo-cli train --data shards/ --validation heldout/ --output run/ --preset tiny`
     """
     with _user_errors():
-        import math
-
         from elmo_cli import train as training
         from elmo_cli.distributed import is_main_process
-        from elmo_cli.presets import load_config
+        from elmo_cli.loading import model_files
         from elmo_cli.train_config import parse_duration
 
-        start_from = None
-        if preset == AUTO and (init_from is not None or options is not None or weights is not None):
-            raise ElmoError("--preset auto chooses a shape, --init-from keeps the trained one: use one of them")
-        if init_from is not None or options is not None or weights is not None:
-            from elmo_cli.loading import model_files
-
-            start_from = model_files(init_from, options, weights)
-        if reset_softmax and start_from is None:
-            raise ElmoError("--reset-softmax only applies with --init-from MODEL")
+        fine_tuning = init_from is not None or options is not None or weights is not None
         flags = dict(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
             n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average,
             seed=seed, device=device, dtype=dtype, threads=threads, checkpoint_every=checkpoint_every,
             validation_every=validation_every, patience=patience, baseline=False if no_baseline else None)
+        cfg, reason = training.resolve_config(output, data, preset=preset, config_file=config, flags=flags,
+                                              validation_dir=validation, resume=resume, fine_tuning=fine_tuning)
+        start_from = model_files(init_from, options, weights) if fine_tuning else None
         rank0 = is_main_process()
-        if preset == AUTO and resume:  # the run's own choice, not a new probe
-            cfg = training.resume_config(output).with_training(**flags)
-        elif preset == AUTO:
-            from elmo_cli.auto import auto_config
-            from elmo_cli.train_config import read_config_file
-
-            cfg, choice = auto_config(data, validation, read_config_file(config) if config else None, flags)
-            if rank0:
-                console.print(choice.reason, highlight=False)
-        else:
-            fresh = not resume or config is not None or preset is not None
-            cfg = load_config(config, preset) if fresh else training.resume_config(output)
-            cfg = cfg.with_training(**flags)
+        if reason and rank0:
+            console.print(reason, highlight=False)
         report = _TrainReport(rank0)
         try:
             result = training.train(cfg, data, output, validation_dir=validation, resume=resume,
                                     init_from=start_from, reset_softmax=reset_softmax, on_step=report)
         finally:
             report.stop()
-        if not rank0:
-            return
-        for note in result.notes:
-            console.print(note)
-        how = {"finished": "finished", "max_steps": "already at --max-steps", "max_time": "stopped at --max-time",
-               "signal": "interrupted; resume with --resume",
-               "patience": "stopped: no better validation in --patience validations"}[result.stopped]
-        console.print(f"{how}: step {result.step}/{result.total_steps}, train loss {result.train_loss:.3f} "
-                      f"(sampled softmax, perplexity {math.exp(min(result.train_loss, 50)):.1f}), "
-                      f"{result.tokens_per_s:,.0f} tokens/s; model in {result.run_dir}", highlight=False)
-        if result.validation:
-            console.print(_validation_line(result.step, result.validation, result.baseline), highlight=False)
-        if result.best and result.best["step"] != result.step:
-            console.print(f"the model files are those of step {result.best['step']:,}, the best validation "
-                          f"(average perplexity {result.best['average_perplexity']:.2f})", highlight=False)
-        if result.best and result.baseline and result.baseline["name"] == "kn5":
-            from elmo_cli.baselines import place_ratio
-
-            ratio = result.best["average_perplexity"] / result.baseline["average_perplexity"]
-            console.print(place_ratio(ratio, result.train_tokens), highlight=False)
+        if rank0:
+            _print_train_result(result)
 
 
 # ---- evaluate ------------------------------------------------------------------------------

@@ -40,8 +40,8 @@ from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
 from elmo_cli.plot import CURVES_FILE, plot_runs, read_metrics
-from elmo_cli.presets import build_config
-from elmo_cli.train_config import RunConfig, TrainingConfig, save_config
+from elmo_cli.presets import AUTO, build_config, load_config
+from elmo_cli.train_config import RunConfig, TrainingConfig, read_config_file, save_config
 from vocab.errors import ElmoError
 from vocab.text import atomic_write_bytes, read_json
 from vocab.shards import ShardDataset
@@ -201,6 +201,33 @@ def resume_config(run_dir: Path) -> RunConfig:
     path = run_dir / CONFIG_FILE
     user = read_json(path, f"run configuration (the checkpoints of {run_dir} need it)")
     return build_config(user, "tiny", source=str(path))
+
+
+def resolve_config(run_dir: Path, data_dir: Path, *, preset: str | None = None, config_file: Path | None = None,
+                   flags: dict | None = None, validation_dir: Path | None = None, resume: bool = False,
+                   fine_tuning: bool = False) -> tuple[RunConfig, str | None]:
+    """The configuration a `train` call runs with, from what the user gave, as the command line resolves it.
+
+    - ``preset="auto"``: a new run measures this machine and chooses (`elmo_cli.auto`), a resumed one keeps the
+      choice it made (config.json);
+    - otherwise a new run is `config_file` over `preset` (default ``tiny``); a resumed one given neither is its own
+      config.json; either way `flags` (``TrainingConfig`` fields, None = not given) are laid over it.
+
+    # Returns
+    the `RunConfig` and, for a fresh ``auto`` choice, its one-line reason (else None).
+    """
+    flags = flags or {}
+    if preset == AUTO and fine_tuning:
+        raise ElmoError("--preset auto chooses a shape, --init-from keeps the trained one: use one of them")
+    if preset == AUTO and not resume:
+        from elmo_cli.auto import auto_config
+
+        cfg, choice = auto_config(data_dir, validation_dir, read_config_file(config_file) if config_file else None,
+                                  flags)
+        return cfg, choice.reason
+    if resume and (preset == AUTO or (config_file is None and preset is None)):
+        return resume_config(run_dir).with_training(**flags), None
+    return load_config(config_file, preset).with_training(**flags), None
 
 
 RUN_LENGTH_KEYS = ("epochs", "max_steps", "max_time")
@@ -448,6 +475,8 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     # Returns
     `TrainResult` (rank 0's view).
     """
+    if reset_softmax and init_from is None:
+        raise ElmoError("--reset-softmax only applies with --init-from MODEL")
     with _training_process(config.training.threads):
         return _train(config, Path(data_dir), Path(run_dir), validation_dir, resume, init_from, reset_softmax,
                       on_step)
