@@ -18,6 +18,7 @@ import numpy as np
 
 from elmo_cli.inputs import Inputs
 from vocab.errors import ElmoError
+from vocab.text import expand_paths
 from vocab.tokenize import TextEncoder
 
 if TYPE_CHECKING:
@@ -112,6 +113,45 @@ def kneser_ney_baseline(train_inputs: list[str | Path], inputs: list[str | Path]
         raise ElmoError(f"{', '.join(map(str, train_inputs))}: no sentences to estimate the Kneser-Ney baseline from")
     result = kneser_ney_perplexity(train, _sentences(inputs, text, errors), text.vocab, order, exclude_unk)
     return dataclasses.replace(result, train_words=sum(len(s) for s in train))
+
+
+BASELINES = ("kn", "unigram")  # the n-gram references `evaluate --baseline` scores beside the biLM
+
+
+def check_baseline_args(kinds: list[str], train: list[str], order: int) -> None:
+    """Refuse bad --baseline/--baseline-train/--kn-order before the model is loaded."""
+    bad = sorted(set(kinds) - set(BASELINES))
+    if bad:
+        raise ElmoError(f"--baseline {bad[0]!r}: expected kn or unigram")
+    if kinds and not train:
+        raise ElmoError(f"--baseline {kinds[0]} needs --baseline-train TRAIN (the text or shards the model was "
+                        f"trained on)")
+    if train and not kinds:
+        raise ElmoError("--baseline-train is given but no --baseline (kn, unigram)")
+    if not 1 <= order <= 9:
+        raise ElmoError(f"--kn-order must be between 1 and 9, got {order}")
+    for path in train:
+        if path != "-" and not Path(path).is_dir() and not expand_paths([path]):
+            raise ElmoError(f"{path}: --baseline-train file not found")
+
+
+def score_baselines(kinds: list[str], train: list[str], order: int, data: list[str], text: TextEncoder,
+                    exclude_unk: bool, errors: str) -> dict[str, dict]:
+    """The requested n-gram references of ``train`` scored on ``data``: ``{"kn5": {...}, "unigram": {...}}``."""
+    out: dict[str, dict] = {}
+    for kind in dict.fromkeys(kinds):
+        if kind == "kn":
+            kn = kneser_ney_baseline(train, data, text, order, exclude_unk, errors)
+            out[f"kn{order}"] = {"forward_perplexity": kn.forward_perplexity,
+                                 "backward_perplexity": kn.backward_perplexity,
+                                 "average_perplexity": kn.average_perplexity, "tokens": kn.tokens,
+                                 "train_words": kn.train_words}
+        else:
+            uni = unigram_perplexity(unigram_model(train, text, errors), data, text, exclude_unk,
+                                     errors)
+            out["unigram"] = {"forward_perplexity": uni.perplexity, "backward_perplexity": uni.perplexity,
+                              "average_perplexity": uni.perplexity, "tokens": uni.tokens}
+    return out
 
 
 # ---- what a biLM/KN5 ratio means --------------------------------------------------------------------------------

@@ -335,49 +335,6 @@ def cli_train(
 
 
 # ---- evaluate ------------------------------------------------------------------------------
-_BASELINES = ("kn", "unigram")
-
-
-def _check_baseline_args(kinds: list[str], train: list[str], order: int) -> None:
-    """Refuse bad --baseline/--baseline-train/--kn-order before the model is loaded."""
-    bad = sorted(set(kinds) - set(_BASELINES))
-    if bad:
-        raise ElmoError(f"--baseline {bad[0]!r}: expected kn or unigram")
-    if kinds and not train:
-        raise ElmoError(f"--baseline {kinds[0]} needs --baseline-train TRAIN (the text or shards the model was "
-                        f"trained on)")
-    if train and not kinds:
-        raise ElmoError("--baseline-train is given but no --baseline (kn, unigram)")
-    if not 1 <= order <= 9:
-        raise ElmoError(f"--kn-order must be between 1 and 9, got {order}")
-    from vocab.text import expand_paths
-
-    for path in train:
-        if path != "-" and not Path(path).is_dir() and not expand_paths([path]):
-            raise ElmoError(f"{path}: --baseline-train file not found")
-
-
-def _baselines(kinds: list[str], train: list[str], order: int, data: list[str], loaded, exclude_unk: bool,
-               errors: str) -> dict[str, dict]:
-    """The requested n-gram references of ``train`` scored on ``data``: ``{"kn5": {...}, "unigram": {...}}``."""
-    from elmo_cli.baselines import kneser_ney_baseline, unigram_model, unigram_perplexity
-
-    out: dict[str, dict] = {}
-    for kind in dict.fromkeys(kinds):
-        if kind == "kn":
-            kn = kneser_ney_baseline(train, data, loaded.text, order, exclude_unk, errors)
-            out[f"kn{order}"] = {"forward_perplexity": kn.forward_perplexity,
-                                 "backward_perplexity": kn.backward_perplexity,
-                                 "average_perplexity": kn.average_perplexity, "tokens": kn.tokens,
-                                 "train_words": kn.train_words}
-        else:
-            uni = unigram_perplexity(unigram_model(train, loaded.text, errors), data, loaded.text, exclude_unk,
-                                     errors)
-            out["unigram"] = {"forward_perplexity": uni.perplexity, "backward_perplexity": uni.perplexity,
-                              "average_perplexity": uni.perplexity, "tokens": uni.tokens}
-    return out
-
-
 def _evaluate_table(title: str, result, baselines: dict[str, dict], exclude_unk: bool) -> "Table":
     from rich.table import Table
 
@@ -444,12 +401,13 @@ def cli_evaluate(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from elmo_cli.baselines import check_baseline_args, score_baselines
     from elmo_cli.evaluate import evaluate
     from elmo_cli.loading import load_model, set_threads
 
     with _user_errors():
         kinds, train = list(baseline or []), list(baseline_train or [])
-        _check_baseline_args(kinds, train, kn_order)
+        check_baseline_args(kinds, train, kn_order)
         set_threads(threads)
         loaded = load_model(model, options, weights, device)
         with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -458,7 +416,7 @@ def cli_evaluate(
             result = evaluate(loaded, data, batch_size=batch_size, exclude_unk=exclude_unk, stateful=stateful,
                               per_sentence_path=per_sentence, errors=errors,
                               on_progress=lambda done, total: bar.update(task, completed=done, total=total))
-        refs = _baselines(kinds, train, kn_order, data, loaded, exclude_unk, errors)
+        refs = score_baselines(kinds, train, kn_order, data, loaded.text, exclude_unk, errors)
     mode = ("stateful: LSTM state carried between batches as bilm-tf did; scores depend on batch size and order"
             if stateful else "stateless: every sentence starts from zero state")
     if json_output:
