@@ -6,13 +6,14 @@ traceback.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from elmo_cli.layers import MODES_HELP
-from elmo_cli.presets import AUTO, PRESETS_HELP, presets_table
+from elmo_cli.presets import PRESETS_HELP, presets_table
 from elmo_cli.console import (app_settings, batch_size_option, command, console, device_option, err_console,
                               errors_option, model_option, options_option, output_option, pick_output,
                               threads_option, user_errors as _user_errors, weights_option)
@@ -515,10 +516,6 @@ def cli_dump_embeddings(
     Example: `elmo-cli dump-embeddings sentences.txt vectors.hdf5 --model run/ --layers all`
     """
     with _user_errors():
-        import time
-
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
         from elmo_cli.distributed import is_main_process
         from elmo_cli.dump import dump_embeddings
         from elmo_cli.layers import LayerSelection
@@ -527,38 +524,49 @@ def cli_dump_embeddings(
         output = pick_output(output_arg, output_opt)
         select = LayerSelection.parse(layers, mix, gamma)
         loaded = load_model(model, options, weights, device)
-        show = is_main_process()
-        start = time.perf_counter()
-        first = {}
-        columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} lines"),
-                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
-        bar = Progress(*columns, console=err_console, disable=not show, transient=False)
-        task = bar.add_task("embedding", total=None, rate="")
-
-        def on_progress(p) -> None:
-            if "lines" not in first:  # the bar appears once embedding starts, not before a refused start
-                first["lines"] = p.lines
-                bar.start()
-            dt = max(time.perf_counter() - start, 1e-9)
-            rate = f"{(p.lines - first['lines']) / dt:,.0f} sent/s {p.tokens / dt:,.0f} tok/s"
-            bar.update(task, completed=p.lines, total=p.total, rate=rate)
-
+        bar = _DumpBar(show=is_main_process())
         try:
             result = dump_embeddings(
                 loaded, input, output, layers=select, batch_size=batch_size, dtype=dtype,
                 compression=compression, stateful=stateful, resume=resume, force=force,
                 sentence_index=not no_sentence_index, token_cache=token_cache, errors=errors, threads=threads,
-                compute_dtype=compute_dtype,
-                sentence_keys=use_sentence_keys,
-                on_progress=on_progress, on_warning=lambda m: err_console.print(f"[yellow]warning:[/] {m}",
-                                                                                highlight=False))
+                compute_dtype=compute_dtype, sentence_keys=use_sentence_keys, on_progress=bar.update,
+                on_warning=lambda m: err_console.print(f"[yellow]warning:[/] {m}", highlight=False))
         finally:
             bar.stop()
-        if show:
-            dt = time.perf_counter() - start
+        if bar.show:
+            dt = bar.seconds()
             resumed = f" (resumed after line {result.resumed_from})" if result.resumed_from else ""
             console.print(f"wrote {result.output}: {result.lines} lines, {result.tokens} tokens embedded in "
                           f"{dt:.1f} s ({result.tokens / max(dt, 1e-9):,.0f} tokens/s){resumed}", highlight=False)
+
+
+class _DumpBar:
+    """dump-embeddings' progress on stderr (rank 0 only): lines done of all, sentences and tokens per second. It
+    appears once embedding starts, not before a refused start."""
+
+    def __init__(self, show: bool):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.show, self.start, self.first_lines = show, time.perf_counter(), None
+        columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} lines"),
+                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+        self.bar = Progress(*columns, console=err_console, disable=not show, transient=False)
+        self.task = self.bar.add_task("embedding", total=None, rate="")
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    def update(self, p) -> None:
+        if self.first_lines is None:
+            self.first_lines = p.lines
+            self.bar.start()
+        dt = max(self.seconds(), 1e-9)
+        rate = f"{(p.lines - self.first_lines) / dt:,.0f} sent/s {p.tokens / dt:,.0f} tok/s"
+        self.bar.update(self.task, completed=p.lines, total=p.total, rate=rate)
+
+    def stop(self) -> None:
+        self.bar.stop()
 
 
 @command(app, "dump-token-embeddings", "Token-layer vectors of a word list (token cache).")

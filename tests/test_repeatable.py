@@ -23,7 +23,7 @@ import torch
 from elmo_cli.machine import FAST_SWITCH, REPRODUCIBLE_BLAS
 from elmo_cli.tasks.train import TrainSettings, train_task
 from test_evaluate import LINES, make_model_dir
-from test_tasks_model import bilm_dir, data, write_tagging, toy_sentences  # noqa: F401  (module fixtures)
+from test_tasks_model import bilm_dir, data, toy_sentences  # noqa: F401  (module fixtures)
 
 REFERENCE = Path(__file__).parent / "data" / "reference"
 SENTENCES = REFERENCE / "sentences.txt"
