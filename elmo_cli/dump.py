@@ -246,22 +246,9 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     select = layers if isinstance(layers, LayerSelection) else LayerSelection.parse(layers)
     _check_arguments(input_path, output, select, loaded.model.n_layers, batch_size, dtype, compression, force)
     set_threads(threads)
-    if stateful and compute_dtype != "fp32":
-        raise ElmoError("--compute-dtype bf16 applies to the stateless path; drop --stateful or --compute-dtype")
-    if stateful and launched_world_size() > 1:  # each rank would carry state through its own share of the lines
-        raise ElmoError("--stateful carries LSTM state from batch to batch through the input in order, which "
-                        "torchrun's processes would split; run a stateful dump as one process")
-    compute_dtype_of(compute_dtype)
-    if compute_dtype == "bf16":
-        problem = bf16_problem(loaded.device)
-        if problem:
-            raise ElmoError(f"--compute-dtype bf16: {problem}; use fp32 (the exact default)")
-        if loaded.device.type == "cpu" and cpu_has_bf16() is None and on_warning:
-            on_warning("--compute-dtype bf16: cannot tell whether this CPU multiplies bf16 natively (AVX512-BF16 or "
-                       "AMX); where it does not, bf16 is slower than fp32")
-    if stateful and on_warning:
-        on_warning("--stateful: LSTM state is carried from batch to batch, so a sentence's vectors depend on the "
-                   "lines before it and on --batch-size (the legacy bilm-tf/allennlp behaviour)")
+    for warning in _check_modes(loaded.device, stateful, compute_dtype):
+        if on_warning:
+            on_warning(warning)
     ddp, device = init_distributed(loaded.device)
     if device != loaded.device:  # a torchrun rank on a GPU takes the GPU of its LOCAL_RANK
         loaded.model.to(device)
@@ -269,13 +256,12 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
     rank, world = ddp.rank, ddp.world_size
     if world > 1 and str(input_path) == STDIN:
         raise ElmoError("under torchrun the input must be a file (every rank reads it), not standard input")
-    settings = {
+    settings = {  # what a --resume must find unchanged (h5dump.open_partial)
         "input": str(input_path.resolve()) if str(input_path) != STDIN else STDIN,
         "input_bytes": input_path.stat().st_size if str(input_path) != STDIN else None,
         **select.settings(), "dtype": dtype, "compression": compression, "stateful": stateful,
         "batch_size": batch_size if stateful else None, "model": model_fingerprint(loaded.model),
-        "compute_dtype": compute_dtype,
-        "world_size": world, "sentence_keys": sentence_keys,
+        "compute_dtype": compute_dtype, "world_size": world, "sentence_keys": sentence_keys,
     }
     keys = SentenceKeys(stateful) if sentence_keys else None
     if keys is not None and str(input_path) != STDIN:
@@ -294,28 +280,13 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
 
     try:
         if stateful and completed:
-            saved = h5dump.read_states(f, completed)
-            if saved is None:
-                raise ElmoError(f"{part}: cannot resume this --stateful dump: the file does not hold the LSTM states "
-                                f"carried past line {completed}; run again without --resume")
-            window.restore_states(saved)
+            window.restore_states(_carried_states(f, part, completed))
         report()
         n_lines, index = _embed_windows(input_path, errors, loaded.text.tokenize, completed, rank, world,
                                         max(1, window_batches) * batch_size, window, report,
                                         sentence_index and rank == 0 and keys is None, keys)
-        tokens = window.tokens_done
-        if world == 1:
-            h5dump.strip_bookkeeping(f)
-            if keys is not None:
-                h5dump.name_by_sentence(f, keys.first)
-            elif sentence_index:
-                h5dump.write_sentence_index(f, index)
-            f.close()
-            publish(part, output)
-        else:
-            f.close()
-            _merge_ranks(output, rank, world, n_lines, index if sentence_index and keys is None else None, keys)
-            tokens = _sum_over_ranks(tokens, device)
+        tokens = _publish_dump(f, part, output, ddp, n_lines, index if sentence_index else None, keys,
+                               window.tokens_done, device)
     except SentenceKeyError:  # a bad line of standard input: the partial file can never be completed
         f.close()
         part.unlink(missing_ok=True)
@@ -329,6 +300,56 @@ def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
                    f"(stateless vectors of identical sentences are identical): {len(keys.first)} datasets for "
                    f"{n_lines} lines")
     return DumpResult(output, n_lines, tokens, completed, repeats)
+
+
+def _carried_states(f, part: Path, completed: int) -> dict[str, np.ndarray]:
+    """The LSTM states a resumed --stateful dump carries past line `completed` (saved in its partial file)."""
+    saved = h5dump.read_states(f, completed)
+    if saved is None:
+        raise ElmoError(f"{part}: cannot resume this --stateful dump: the file does not hold the LSTM states "
+                        f"carried past line {completed}; run again without --resume")
+    return saved
+
+
+def _check_modes(device: torch.device, stateful: bool, compute_dtype: str) -> list[str]:
+    """Refuse the combinations of --stateful, --compute-dtype and torchrun that cannot run; the warnings due."""
+    if stateful and compute_dtype != "fp32":
+        raise ElmoError("--compute-dtype bf16 applies to the stateless path; drop --stateful or --compute-dtype")
+    if stateful and launched_world_size() > 1:  # each rank would carry state through its own share of the lines
+        raise ElmoError("--stateful carries LSTM state from batch to batch through the input in order, which "
+                        "torchrun's processes would split; run a stateful dump as one process")
+    compute_dtype_of(compute_dtype)
+    warnings = []
+    if compute_dtype == "bf16":
+        problem = bf16_problem(device)
+        if problem:
+            raise ElmoError(f"--compute-dtype bf16: {problem}; use fp32 (the exact default)")
+        if device.type == "cpu" and cpu_has_bf16() is None:
+            warnings.append("--compute-dtype bf16: cannot tell whether this CPU multiplies bf16 natively "
+                            "(AVX512-BF16 or AMX); where it does not, bf16 is slower than fp32")
+    if stateful:
+        warnings.append("--stateful: LSTM state is carried from batch to batch, so a sentence's vectors depend on "
+                        "the lines before it and on --batch-size (the legacy bilm-tf/allennlp behaviour)")
+    return warnings
+
+
+def _publish_dump(f, part: Path, output: Path, ddp, n_lines: int, index: dict | None, keys: "SentenceKeys | None",
+                  tokens: int, device: torch.device) -> int:
+    """Finish a dump whose lines are all written to the open partial file `f`: one process names its datasets (or
+    writes ``sentence_to_index``) and renames `part` to `output`; under torchrun the ranks merge into rank 0's file.
+    Returns the tokens embedded by all processes."""
+    if ddp.world_size > 1:
+        f.close()
+        _merge_ranks(output, ddp.rank, ddp.world_size, n_lines, index if keys is None else None, keys)
+        return _sum_over_ranks(tokens, device)
+    h5dump.strip_bookkeeping(f)
+    if keys is not None:
+        h5dump.name_by_sentence(f, keys.first)
+    elif index is not None:
+        h5dump.write_sentence_index(f, index)
+    f.close()
+    publish(part, output)
+    return tokens
 
 
 def _sum_over_ranks(count: int, device: torch.device) -> int:
