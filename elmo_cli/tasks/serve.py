@@ -171,7 +171,11 @@ def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = F
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            write_onnx(module, args, (module.names, info["outputs"]), dynamic, metadata, tmp / MODEL_FILE)
+            try:
+                write_onnx(module, args, (module.names, info["outputs"]), dynamic, metadata, tmp / MODEL_FILE)
+            except Exception as e:  # the exporter's own messages run to many lines
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                raise ElmoError(f"{task_dir}: torch could not export its graph ({type(e).__name__}: {first})") from None
             (tmp / WORDS_FILE).write_text(words, encoding="utf-8")
             (tmp / LABELS_FILE).write_text(labels, encoding="utf-8")
             (tmp / TASK_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
