@@ -9,6 +9,13 @@ C number of labels.
     tagging        logits = Linear(dropout(out_k))                     (B, T, C)
     classification logits = Linear(dropout(max_k out_k))               (B, C)
 
+One forward for every use: `encode_batch` turns token lists into id tensors (the only place that does), and
+`TaskModel.scores` runs the model on them plus the biLM's layers; `TaskModel.forward` (training, `task predict`)
+calls it with the layer cache's or the fine-tuned biLM's layers, and the exported graph (`tasks/serve.py`) with
+`ServedBiLM`'s. `TaskModel.label_ids` turns its logits into labels (argmax, or the CRF's `viterbi`). With
+``char_cnn`` the word side is ``[word_k ; CharCNN(chars_k)]`` (B, T, E + 50); with ``crf`` the logits are the
+CRF's emission scores. Loops over time (the export's BiLSTM, Viterbi) go through `time_loop`.
+
 The word embedding covers training words seen at least ``min_count`` times plus ``<PAD>`` (0) and ``<UNK>`` (1);
 during training a word is replaced by ``<UNK>`` with probability ``alpha / (alpha + count)`` (word dropout), so the
 model learns an ``<UNK>`` vector for the test set's unseen words.
@@ -107,8 +114,9 @@ CHAR_CNN_WIDTH = 24  # `CharCNN`'s characters per word: begin-of-word, 22 UTF-8 
 
 def exporting() -> bool:
     """True while torch.export traces the model (`task export`): loops over time then become ``scan`` ops, which
-    export with a dynamic time axis; in eager mode they are plain Python loops (a ``scan`` compiles per shape)."""
-    return torch.compiler.is_exporting() or torch.compiler.is_compiling()
+    export with a dynamic time axis; in eager mode they are plain Python loops (an eager ``scan`` compiles per
+    shape, seconds a call)."""
+    return torch.compiler.is_exporting()
 
 
 def time_loop(step, state, xs):
@@ -250,10 +258,6 @@ class TaskModel(nn.Module):
         device = self.embed.weight.device
         arrays = encode_batch(sentences, self.index, self.char_cnn is not None)
         return {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
-
-    def word_ids(self, sentences: list[list[str]]) -> torch.Tensor:
-        """`(B, T)` int64 row ids, 0 at padding, 1 for words outside the embedding."""
-        return self.inputs(sentences)["word_ids"]
 
     def _word_dropout(self, ids: torch.Tensor) -> torch.Tensor:
         alpha = self.config.word_dropout_alpha
