@@ -267,11 +267,64 @@ def test_predict_needs_one_of_task_and_onnx(tmp_path):
     _one_line_error(r, "--task", "--onnx")
 
 
-@pytest.mark.parametrize("head", ["crf", "char_cnn"])
-def test_task_export_refuses_what_the_graph_does_not_hold(toy, tmp_path, head):
+HEADS = {"crf": {"crf": True}, "char_cnn": {"char_cnn": True}, "fine_tune_bilm": {"fine_tune_bilm": True},
+         "all": {"crf": True, "char_cnn": True, "fine_tune_bilm": True}}
+SPANS = {"DET": "B-NP", "ADJ": "I-NP", "NOUN": "I-NP", "VERB": "O", "PUNCT": "O"}  # BIO: the CRF's constraints
+
+
+def _train_tiny(toy, task, flags, epochs=2):
+    from test_tasks_model import toy_sentences, write_tagging
+
+    train, dev = toy["train"], toy["dev"]
+    if flags.get("crf"):
+        train, dev = (write_tagging(task.with_name(f"spans-{n}.conll"),
+                                    [(s, [SPANS[t] for t in tags]) for s, tags in toy_sentences(n, seed)])
+                      for n, seed in ((48, 0), (16, 1)))
+    elmo = "mix" if flags.get("fine_tune_bilm") else "none"
+    train_task(TrainSettings(kind="tagging", train_path=train, dev_path=dev, output=task, elmo=elmo,
+                             model_dir=toy["bilm"] if elmo != "none" else None, epochs=epochs, batch_size=8,
+                             lr=0.02, word_dim=8, hidden_dim=8, max_length=20, **flags))
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_every_tagger_exports_and_gives_the_pytorch_labels(toy, tmp_path, head):
+    """--crf (Viterbi in the graph), --char-cnn (its own word_chars input), --fine-tune-bilm (the tuned biLM in the
+    graph) and all three: onnxruntime labels the whole test file (unknown words, a word over 22 bytes, a sentence
+    split at max_length) exactly as PyTorch does."""
+    task = tmp_path / "task"
+    _train_tiny(toy, task, HEADS[head])
+    r, text = _run(task_app, "export", "--task", task, "--format", "onnx", "--output", tmp_path / "onnx")
+    assert r.exit_code == 0, text
+    info = json.loads((tmp_path / "onnx" / "task.json").read_text())
+    want_inputs = ((["char_ids"] if head in ("fine_tune_bilm", "all") else []) + ["word_ids"] +
+                   (["word_chars"] if head in ("char_cnn", "all") else []))
+    assert [i.name for i in _session(tmp_path / "onnx" / "model.onnx").get_inputs()] == want_inputs
+    assert info["inputs"] == want_inputs and info["crf"] == HEADS[head].get("crf", False)
+    r, text = _run(task_app, "predict", "--task", task, toy["dir"] / "in.txt", tmp_path / "torch.out")
+    assert r.exit_code == 0, text
+    r, text = _run(task_app, "predict", "--onnx", tmp_path / "onnx", toy["dir"] / "in.txt", tmp_path / "onnx.out")
+    assert r.exit_code == 0, text
+    got, want = (tmp_path / "onnx.out").read_text(), (tmp_path / "torch.out").read_text()
+    assert got == want and len(want.splitlines()) >= 33
+    if head in ("crf", "all"):  # the graph decoded only the moves BIO allows: no I-NP after O or at a start
+        assert info["decoding"] == "crf viterbi in the graph"
+        for block in want.strip().split("\n\n"):
+            labels = ["O"] + [line.split("\t")[1] for line in block.splitlines()]
+            assert not any(a == "O" and b == "I-NP" for a, b in zip(labels, labels[1:])), block
+
+
+def test_task_export_refuses_a_graph_that_does_not_give_the_pytorch_labels(toy, tmp_path, monkeypatch):
+    from elmo_cli.tasks.serve import ServedTask
+
     task = tmp_path / "src"
-    train_task(TrainSettings(kind="tagging", train_path=toy["train"], dev_path=toy["dev"], output=task, elmo="none",
-                             epochs=1, batch_size=8, word_dim=8, hidden_dim=8, **{head: True}))
+    _train_tiny(toy, task, HEADS["crf"], epochs=1)
+    real = ServedTask.forward
+
+    def wrong(self, *inputs):  # a graph that labels every token one label further on
+        label_ids, scores = real(self, *inputs)
+        return (label_ids + 1) % scores.shape[-1], scores
+
+    monkeypatch.setattr(ServedTask, "forward", wrong)
     r, _ = _run(task_app, "export", "--task", task, "--format", "onnx", "-o", tmp_path / "out")
-    _one_line_error(r, "--crf" if head == "crf" else "--char-cnn", "task export does not write", "task predict --task")
-    _no_files(tmp_path)
+    _one_line_error(r, "labels other than the PyTorch model's", "nothing written", "task predict --task")
+    assert not [p.name for p in tmp_path.iterdir() if not p.name.startswith(("src", "spans"))]

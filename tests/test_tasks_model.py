@@ -376,11 +376,11 @@ def test_crf_refuses_classification(data, tmp_path):
 def test_char_cnn_word_features(data, tmp_path):
     """The char-CNN gives each word a feature from its bytes alone: a word never seen in training (<UNK> to the
     embedding) still gets its own vector, equal wherever it occurs, and padding gets zeros."""
-    from elmo_cli.tasks.model import CharCNN
+    from elmo_cli.tasks.model import CharCNN, encode_batch
 
     torch.manual_seed(0)
     cnn = CharCNN()
-    out = cnn([["the", "zebra", "the"], ["zebra"]])
+    out = cnn(torch.from_numpy(encode_batch([["the", "zebra", "the"], ["zebra"]], {}, char_cnn=True)["word_chars"]))
     assert out.shape == (2, 3, 50)
     torch.testing.assert_close(out[0, 1], out[1, 0])
     torch.testing.assert_close(out[0, 0], out[0, 2])

@@ -285,8 +285,10 @@ def cli_export(
     format: str = typer.Option("onnx", "--format", help="onnx (the only format for task models)."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it is an earlier export."),
 ) -> None:
-    """The whole tagger or classifier (biLM, ELMo mixes, word embeddings, BiLSTM, head) as one ONNX graph: character
-    ids and word ids (rows of words.txt) in, label ids and log-probabilities out; see docs/serving.md.
+    """The whole tagger or classifier (biLM, fine-tuned or not, ELMo mixes, word embeddings, character CNN, BiLSTM,
+    head, CRF) as one ONNX graph: the biLM's character ids, word ids (rows of words.txt) and, with --char-cnn, the
+    task's own character ids in; label ids (with --crf the Viterbi path, decoded in the graph) and log-probabilities
+    out. Refused when onnxruntime's labels differ from PyTorch's on a few check sentences; see docs/serving.md.
 
     Example: `elmo-cli task export --task upos/ --format onnx --output upos-onnx/`
     """

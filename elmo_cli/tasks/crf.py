@@ -127,24 +127,44 @@ class CRF(nn.Module):
         """``log Z - score(gold)`` per row ``(B,)``; the training loss is its sum over rows."""
         return self.log_partition(emissions, mask) - self.path_score(emissions, tags, mask)
 
+    def viterbi(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The best label path of each row (Viterbi, exact) within the constraints set by `constrain`, on tensors
+        only, so the exported graph decodes with the same code (`model.time_loop`: a Python loop here, an ONNX
+        ``Scan`` in the graph).
+
+        # Parameters
+        emissions : `(B, T, L)`; mask : bool `(B, T)`, each row's tokens first.
+
+        # Returns
+        label ids `(B, T)` int64, 0 at padding.
+        """
+        from elmo_cli.tasks.model import time_loop
+
+        B, T, L = emissions.shape
+        trans = (self.transitions + self.transition_mask).detach()  # (L, L), from -> to
+        first = (self.start + self.start_mask).detach()  # (L,)
+        same = torch.arange(L, device=emissions.device).expand(B, L)  # back pointers of a padding step
+        steps = torch.arange(T, device=emissions.device).view(T, 1).expand(T, B)
+
+        def forward_step(score, xs):  # score (B, L): the best path ending in each label
+            e_t, m_t, t = xs  # (B, L), (B,), (B,)
+            best, arg = (score.unsqueeze(2) + trans).max(dim=1)  # (B, L) over the previous label
+            new = torch.where((t == 0).unsqueeze(1), first + e_t, best + e_t)
+            keep = m_t.unsqueeze(1)
+            back = torch.where(keep & (t != 0).unsqueeze(1), arg, same)
+            return torch.where(keep, new, score), back.clone()
+
+        def backward_step(label, back_t):  # label (B,): the path's label at step t
+            return back_t.gather(1, label.unsqueeze(1)).squeeze(1), label.clone()
+
+        xs = (emissions.detach().transpose(0, 1), mask.transpose(0, 1), steps)
+        score, back = time_loop(forward_step, emissions.new_zeros(B, L), xs)  # (B, L), (T, B, L)
+        last = (score + (self.end + self.end_mask).detach()).argmax(dim=1)  # (B,): the label at each row's end
+        path = time_loop(backward_step, last, back.flip(0))[1].flip(0)  # (T, B)
+        return path.transpose(0, 1) * mask.to(path.dtype)
+
     @torch.no_grad()
     def decode(self, emissions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
-        """The best label path of each row (Viterbi, exact), within the constraints set by `constrain`."""
-        trans = self.transitions + self.transition_mask
-        score = self.start + self.start_mask + emissions[:, 0]  # (B, L)
-        back = []
-        for t in range(1, emissions.shape[1]):
-            best, arg = (score.unsqueeze(2) + trans).max(dim=1)  # (B, L) over the previous label
-            keep = mask[:, t].unsqueeze(1)
-            score = torch.where(keep, best + emissions[:, t], score)
-            back.append(torch.where(keep, arg, torch.arange(self.n_labels, device=arg.device).expand_as(arg)))
-        score = score + self.end + self.end_mask
-        lengths = mask.sum(1).tolist()
-        last = score.argmax(1).tolist()
-        paths = []
-        for b, n in enumerate(lengths):
-            path = [last[b]]
-            for t in range(n - 1, 0, -1):
-                path.append(int(back[t - 1][b, path[-1]]))
-            paths.append(path[::-1])
-        return paths
+        """The best label path of each row as lists (`viterbi`), each of its row's length."""
+        paths = self.viterbi(emissions, mask).tolist()
+        return [p[:n] for p, n in zip(paths, mask.sum(1).tolist())]

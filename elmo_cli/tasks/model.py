@@ -9,6 +9,13 @@ C number of labels.
     tagging        logits = Linear(dropout(out_k))                     (B, T, C)
     classification logits = Linear(dropout(max_k out_k))               (B, C)
 
+One forward for every use: `encode_batch` turns token lists into id tensors (the only place that does), and
+`TaskModel.scores` runs the model on them plus the biLM's layers; `TaskModel.forward` (training, `task predict`)
+calls it with the layer cache's or the fine-tuned biLM's layers, and the exported graph (`tasks/serve.py`) with
+`ServedBiLM`'s. `TaskModel.label_ids` turns its logits into labels (argmax, or the CRF's `viterbi`). With
+``char_cnn`` the word side is ``[word_k ; CharCNN(chars_k)]`` (B, T, E + 50); with ``crf`` the logits are the
+CRF's emission scores. Loops over time (the export's BiLSTM, Viterbi) go through `time_loop`.
+
 The word embedding covers training words seen at least ``min_count`` times plus ``<PAD>`` (0) and ``<UNK>`` (1);
 during training a word is replaced by ``<UNK>`` with probability ``alpha / (alpha + count)`` (word dropout), so the
 model learns an ``<UNK>`` vector for the test set's unseen words.
@@ -20,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -101,12 +109,62 @@ def build_words(sentences: list[list[str]], min_count: int = 1) -> tuple[tuple[s
     return (PAD, UNK, *kept), (0, 0, *(counts[w] for w in kept))
 
 
+CHAR_CNN_WIDTH = 24  # `CharCNN`'s characters per word: begin-of-word, 22 UTF-8 bytes, end-of-word
+
+
+def exporting() -> bool:
+    """True while torch.export traces the model (`task export`): loops over time then become ``scan`` ops, which
+    export with a dynamic time axis; in eager mode they are plain Python loops (an eager ``scan`` compiles per
+    shape, seconds a call)."""
+    return torch.compiler.is_exporting()
+
+
+def time_loop(step, state, xs):
+    """``state, y_t = step(state, x_t)`` over the first axis of `xs` (a tensor or a tuple of tensors), the outputs
+    stacked on a new first axis: torch's ``scan`` while exporting, else a Python loop; the same `step` either way."""
+    if exporting():
+        from torch._higher_order_ops.scan import scan
+
+        return scan(step, state, xs)
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    ys = []
+    for t in range(tree_leaves(xs)[0].shape[0]):
+        state, y = step(state, tree_map(lambda x: x[t], xs))
+        ys.append(y)
+    return state, tree_map(lambda *parts: torch.stack(parts), *ys)
+
+
+def encode_batch(sentences: list[list[str]], index: dict[str, int], char_cnn: bool = False
+                 ) -> dict[str, np.ndarray]:
+    """The task core's id inputs of B non-empty token lists, the one place token lists become them (`TaskModel`
+    and `task predict --onnx`).
+
+    # Returns
+    ``word_ids`` int64 `(B, T)`: rows of the word embedding, 0 = padding, 1 = ``<UNK>`` for any other word; with
+    `char_cnn` also ``word_chars`` int64 `(B, T, 24)`: each word's UTF-8 bytes by allennlp's ``batch_to_ids`` rule
+    (begin-of-word 259, the first 22 bytes each + 1, end-of-word 260, then 261), zero rows at padding.
+    """
+    from vocab.chars import ByteChars
+
+    T = max(1, max(len(s) for s in sentences))
+    words = np.zeros((len(sentences), T), dtype=np.int64)
+    chars = np.zeros((len(sentences), T, CHAR_CNN_WIDTH), dtype=np.int64) if char_cnn else None
+    encoder = ByteChars(CHAR_CNN_WIDTH)
+    for b, s in enumerate(sentences):
+        words[b, : len(s)] = [index.get(t, 1) for t in s]
+        if chars is not None and s:
+            chars[b, : len(s)] = encoder.encode_tokens(s).astype(np.int64) + 1
+    return {"word_ids": words, **({"word_chars": chars} if chars is not None else {})}
+
+
 class CharCNN(nn.Module):
     """Word features from the word's characters: UTF-8 bytes (bilm-tf's ids, words cut at 22 bytes) -> a 30-wide
     embedding -> 50 filters of width 3 -> max over the word -> tanh. The character half of the BiLSTM-CNN taggers
-    (Ma and Hovy 2016) that ELMo's paper used as baselines; `(B, T)` words in, `(B, T, 50)` out, 0 at padding."""
+    (Ma and Hovy 2016) that ELMo's paper used as baselines; `(B, T, 24)` character ids (`encode_batch`'s
+    ``word_chars``) in, `(B, T, 50)` out, 0 at padding."""
 
-    def __init__(self, char_dim: int = 30, filters: int = 50, width: int = 3, max_chars: int = 24):
+    def __init__(self, char_dim: int = 30, filters: int = 50, width: int = 3, max_chars: int = CHAR_CNN_WIDTH):
         super().__init__()
         from vocab.chars import ByteChars
 
@@ -115,15 +173,49 @@ class CharCNN(nn.Module):
         self.conv = nn.Conv1d(char_dim, filters, width, padding=width // 2)
         self.dim = filters
 
-    def forward(self, sentences: list[list[str]]) -> torch.Tensor:
-        T, W = max(1, max(len(s) for s in sentences)), self.chars.max_chars
-        ids = torch.zeros(len(sentences), T, W, dtype=torch.long)  # 0: no word
-        for b, s in enumerate(sentences):
-            if s:
-                ids[b, : len(s)] = torch.from_numpy(self.chars.encode_tokens(s).astype("int64")) + 1
-        x = self.embed(ids.to(self.embed.weight.device)).flatten(0, 1).transpose(1, 2)  # (B*T, C, W)
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """
+        # Parameters
+        ids : int64 `(B, T, W)`, 0 = no character (a padding word is all 0).
+
+        # Returns
+        `(B, T, 50)`, 0 at padding words.
+        """
+        B, T, W = ids.shape
+        x = self.embed(ids).reshape(B * T, W, -1).transpose(1, 2)  # (B*T, C, W)
         h = torch.tanh(self.conv(x).amax(dim=2))  # (B*T, F)
-        return h.view(len(sentences), T, -1) * (ids[:, :, 0] != 0).unsqueeze(-1).to(h)
+        return h.view(B, T, -1) * (ids[:, :, 0] != 0).unsqueeze(-1).to(h.dtype)
+
+
+def bidirectional(lstm: nn.LSTM, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A one-layer bidirectional `nn.LSTM` over right-padded rows, each row's backward pass started at its own last
+    step (what `pack_padded_sequence` gives): per direction torch's own ``lstm_cell`` on the module's weights in a
+    ``scan`` over time, which exports with a dynamic time axis (the exporter's translation of a whole ``lstm`` call
+    fixed the example's shapes in torch 2.13: onnxruntime then failed on any other batch shape).
+
+    # Parameters
+    x : `(B, T, D)`; mask : bool `(B, T)`, True at each row's first steps.
+
+    # Returns
+    `(B, T, 2H)`, zero at padding.
+    """
+    from elmo_cli.model.lstm import reverse_padded
+
+    B, H = x.shape[0], lstm.hidden_size
+    lengths = mask.sum(dim=1)  # (B,)
+    zero = x.new_zeros(B, H)
+    out = []
+    for suffix, inp in (("", x), ("_reverse", reverse_padded(x, lengths))):
+        w_ih, w_hh, b_ih, b_hh = (getattr(lstm, f"{name}_l0{suffix}")
+                                  for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+
+        def combine(state, x_t, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh):
+            h, c = torch.lstm_cell(x_t, state, w_ih, w_hh, b_ih, b_hh)  # (B, H) each
+            return (h, c), h.clone()
+
+        y = time_loop(combine, (zero, zero.clone()), inp.transpose(0, 1))[1].transpose(0, 1)  # (B, T, H)
+        out.append(y if not suffix else reverse_padded(y, lengths))
+    return torch.cat(out, dim=-1) * mask.unsqueeze(-1).to(x.dtype)
 
 
 class TaskModel(nn.Module):
@@ -160,13 +252,12 @@ class TaskModel(nn.Module):
             self.crf.constrain(config.labels, config.span_scheme)
         self.register_buffer("counts", torch.tensor(config.word_counts, dtype=torch.float32), persistent=False)
 
-    def word_ids(self, sentences: list[list[str]]) -> torch.Tensor:
-        """`(B, T)` int64 row ids, 0 at padding, 1 for words outside the embedding."""
-        T = max(1, max(len(s) for s in sentences))
-        ids = torch.zeros(len(sentences), T, dtype=torch.long)
-        for b, s in enumerate(sentences):
-            ids[b, : len(s)] = torch.tensor([self.index.get(t, 1) for t in s], dtype=torch.long)
-        return ids.to(self.embed.weight.device)
+    def inputs(self, sentences: list[list[str]]) -> dict[str, torch.Tensor]:
+        """`encode_batch`'s ids as tensors on the model's device: ``word_ids`` `(B, T)` [and ``word_chars``
+        `(B, T, 24)` with a character CNN]."""
+        device = self.embed.weight.device
+        arrays = encode_batch(sentences, self.index, self.char_cnn is not None)
+        return {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
 
     def _word_dropout(self, ids: torch.Tensor) -> torch.Tensor:
         alpha = self.config.word_dropout_alpha
@@ -177,7 +268,9 @@ class TaskModel(nn.Module):
         return ids.masked_fill(drop, 1)
 
     def forward(self, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """
+        """`scores` of token lists: their ids (`inputs`, word dropout when training) and the biLM's layers (the
+        layer cache, or the biLM being fine-tuned).
+
         # Parameters
         sentences : B token lists, each non-empty.
 
@@ -185,25 +278,50 @@ class TaskModel(nn.Module):
         logits `(B, T, C)` for tagging (the CRF's emissions when it has one) or `(B, C)` for classification, and
         the bool mask `(B, T)`.
         """
-        ids = self._word_dropout(self.word_ids(sentences))  # (B, T)
-        mask = ids != 0
-        x = self.dropout(self.embed(ids))  # (B, T, E)
-        if self.char_cnn is not None:
-            x = torch.cat([x, self.dropout(self.char_cnn(sentences))], dim=-1)  # (B, T, E + 50)
-        layers = lmask = None
+        ids = self.inputs(sentences)
+        word_ids = self._word_dropout(ids["word_ids"])  # (B, T)
+        layers = None
         if self.config.uses_elmo:
-            layers, lmask = (self.elmo_in or self.elmo_out).biLM_layers(sentences)  # (L+1, B, T, 2P), (B, T)
+            layers = (self.elmo_in or self.elmo_out).biLM_layers(sentences)[0]  # (L+1, B, T, 2P)
+            layers = layers.to(self.embed.weight.device)
+        return self.scores(word_ids, ids.get("word_chars"), layers), word_ids != 0
+
+    def scores(self, word_ids: torch.Tensor, word_chars: torch.Tensor | None = None,
+               layers: torch.Tensor | None = None) -> torch.Tensor:
+        """The task model on tensors, the one forward `task train`, `task predict` and the exported graph run.
+
+        # Parameters
+        word_ids : int64 `(B, T)`, 0 = padding (the mask is ``word_ids != 0``).
+        word_chars : int64 `(B, T, 24)`, with a character CNN (`encode_batch`).
+        layers : `(L+1, B, T, 2P)`, the biLM's layers (zero at padding), with ELMo.
+
+        # Returns
+        logits `(B, T, C)` for tagging (the CRF's emissions when it has one) or `(B, C)` for classification.
+        """
+        mask = word_ids != 0  # (B, T)
+        x = self.dropout(self.embed(word_ids))  # (B, T, E)
+        if self.char_cnn is not None:
+            x = torch.cat([x, self.dropout(self.char_cnn(word_chars))], dim=-1)  # (B, T, E + 50)
         if self.elmo_in is not None:
-            x = torch.cat([x, self.elmo_in(sentences, layers, lmask)[0]], dim=-1)  # (B, T, E + 2P)
-        lengths = mask.sum(1).cpu()
-        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        h, _ = pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=x.shape[1])  # (B, T, 2H)
+            x = torch.cat([x, self.elmo_in.mix_layers(layers, mask)], dim=-1)  # (B, T, E [+ 50] + 2P)
+        if exporting():
+            h = bidirectional(self.lstm, x, mask)  # (B, T, 2H)
+        else:
+            packed = pack_padded_sequence(x, mask.sum(1).cpu(), batch_first=True, enforce_sorted=False)
+            h = pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=x.shape[1])[0]
         h = self.dropout(h)
         if self.elmo_out is not None:  # ELMo' has its own dropout
-            h = torch.cat([h, self.elmo_out(sentences, layers, lmask)[0]], dim=-1)  # (B, T, 2H + 2P)
+            h = torch.cat([h, self.elmo_out.mix_layers(layers, mask)], dim=-1)  # (B, T, 2H + 2P)
         if self.config.kind == "classification":
             h = h.masked_fill(~mask.unsqueeze(-1), float("-inf")).max(dim=1).values  # (B, 2H [+ 2P])
-        return self.head(h), mask
+        return self.head(h)
+
+    def label_ids(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The predicted label ids of `scores`' logits: `(B, T)` (the CRF's Viterbi path when it has one;
+        padding positions mean nothing) or `(B,)`."""
+        if self.crf is not None:
+            return self.crf.viterbi(logits, mask)
+        return logits.argmax(dim=-1)
 
     def mix_summary(self) -> dict:
         """``{"input": {...}, "output": {...}}`` of the ELMo mixes present (weights softmax-normalised, gamma)."""

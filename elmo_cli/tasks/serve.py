@@ -1,22 +1,36 @@
 """`task export --format onnx` and `task predict --onnx`: a whole task model as one ONNX graph, run by onnxruntime.
 
-The exported directory::
+Every task model exports (plain, `--crf`, `--char-cnn`, `--fine-tune-bilm`, any mix): the graph (`ServedTask`) runs
+`TaskModel.scores` and `TaskModel.label_ids`, the code `task train` and `task predict` run, with the biLM inside as
+`elmo_cli.serve.ServedBiLM` (a `--fine-tune-bilm` model's own tuned copy). The exported directory::
 
-    model.onnx    inputs  char_ids int64 (B, T, W) (allennlp batch_to_ids, as for the biLM's export) and
-                          word_ids int64 (B, T) (rows of words.txt; 0 = padding, 1 = <UNK> for any other word);
-                  outputs label_ids int64 (B, T) for tagging or (B,) for classification, and
-                          scores float32 (B, T, C) or (B, C): log-probabilities over labels.txt
+    model.onnx    inputs, in this order, those the model uses:
+                    char_ids   int64 (B, T, W)  the biLM's characters (allennlp batch_to_ids, as for the biLM's
+                                                export; chars.json); only with ELMo
+                    word_ids   int64 (B, T)     rows of words.txt; 0 = padding, 1 = <UNK> for any other word
+                    word_chars int64 (B, T, 24) only with --char-cnn: the task's own character CNN's ids, a
+                                                separate input (not derived from char_ids): the same rule in
+                                                UTF-8 bytes whatever the biLM's chars.json says, words cut at 22
+                                                bytes (begin-of-word 259, byte + 1, end-of-word 260, then 261)
+                  outputs label_ids int64 (B, T) for tagging or (B,) for classification: lines of labels.txt; with
+                                  --crf the Viterbi path decoded inside the graph (the transitions the span scheme
+                                  forbids excluded), 0 at padding
+                          scores float32 (B, T, C) or (B, C): log-probabilities over labels.txt (with --crf the
+                                 log-softmax of the CRF's emissions, per token; the labels are label_ids)
     words.txt     the word-embedding rows in order, one per line (row 0 <PAD>, row 1 <UNK>)
     labels.txt    the labels in the order of the scores
     chars.json    the biLM's character encoder; spm.model too when the task tokenizes with it
-    task.json     kind, max_length, tokenizer, the unknown and padding word ids, the files' sha256
+    task.json     kind, max_length, tokenizer, the unknown and padding word ids, the files' sha256, the inputs and
+                  outputs by name, crf / char_cnn / fine_tune_bilm, the decoding
 
 model.onnx's metadata_props repeat task.json (plus the biLM's options and character map), so `task predict --onnx`
-refuses a words.txt or labels.txt that is not the one the graph was exported with. Without ELMo the graph has no
-char_ids input.
+refuses a words.txt or labels.txt that is not the one the graph was exported with. Before the directory gets its
+final name, onnxruntime runs it on a few sentences made of the model's words (`check_graph`): an export whose labels
+differ from the PyTorch model's is refused and leaves nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,11 +41,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmo_cli.model.lstm import reverse_padded
 from elmo_cli.serve import ServedBiLM, char_batch, example_chars, require_serving, served_bilm, write_onnx
 from elmo_cli.tasks import formats
-from elmo_cli.tasks.model import TaskModel
-from elmo_cli.tasks.predict import join_pieces, length_batches
+from elmo_cli.tasks.model import CHAR_CNN_WIDTH, TaskModel, encode_batch
+from elmo_cli.tasks.predict import join_pieces, length_batches, predict_examples
 from vocab.chars import load_chars
 from vocab.errors import ElmoError
 from vocab.text import check_new_output, publish_dir
@@ -40,91 +53,66 @@ from vocab.tokenize import SPM_FILE, TextEncoder
 MODEL_FILE, WORDS_FILE, LABELS_FILE, TASK_FILE = "model.onnx", "words.txt", "labels.txt", "task.json"
 
 
-def bidirectional(lstm: nn.LSTM, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """A one-layer bidirectional `nn.LSTM` over right-padded rows, each row's backward pass started at its own last
-    step (what `pack_padded_sequence` gives): per direction torch's own ``lstm_cell`` on the module's weights in a
-    ``scan`` over time, which exports with a dynamic time axis (the exporter's translation of a whole ``lstm`` call
-    fixed the example's shapes in torch 2.13: onnxruntime then failed on any other batch shape).
-
-    # Parameters
-    x : `(B, T, D)`; mask : bool `(B, T)`, True at each row's first steps.
-
-    # Returns
-    `(B, T, 2H)`, zero at padding.
-    """
-    from torch._higher_order_ops.scan import scan
-
-    B, H = x.shape[0], lstm.hidden_size
-    lengths = mask.sum(dim=1)  # (B,)
-    zero = x.new_zeros(B, H)
-    out = []
-    for suffix, inp in (("", x), ("_reverse", reverse_padded(x, lengths))):
-        w_ih, w_hh, b_ih, b_hh = (getattr(lstm, f"{name}_l0{suffix}")
-                                  for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
-
-        def combine(state, x_t, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh):
-            h, c = torch.lstm_cell(x_t, state, w_ih, w_hh, b_ih, b_hh)  # (B, H) each
-            return (h, c), h.clone()
-
-        y = scan(combine, (zero, zero.clone()), inp.transpose(0, 1))[1].transpose(0, 1)  # (B, T, H)
-        out.append(y if not suffix else reverse_padded(y, lengths))
-    return torch.cat(out, dim=-1) * mask.unsqueeze(-1).to(x.dtype)
-
-
 class ServedTask(nn.Module):
-    """`TaskModel.forward` (eval mode) on id tensors instead of token lists, the biLM inside (`ServedBiLM`).
+    """The exported graph: `TaskModel.scores` and `TaskModel.label_ids` (eval mode; the code `task train` and
+    `task predict` run) on the graph's inputs, the biLM inside as `ServedBiLM` (the task's fine-tuned copy when
+    it has one).
 
     # Parameters
-    model : `TaskModel`, its embedding, mixes, BiLSTM and head used as they are.
-    bilm : `ServedBiLM`, optional: the frozen biLM, when the task uses ELMo.
+    model : `TaskModel`, used as it is.
+    bilm : `ServedBiLM`, optional: the biLM, when the task uses ELMo.
     """
 
     def __init__(self, model: TaskModel, bilm: ServedBiLM | None):
         super().__init__()
         self.task, self.bilm = model.eval(), bilm
-        self.classify = model.config.kind == "classification"
+        self.names = ((["char_ids"] if bilm is not None else []) + ["word_ids"] +
+                      (["word_chars"] if model.char_cnn is not None else []))
 
-    def forward(self, char_ids: torch.Tensor | None, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """
         # Parameters
-        char_ids : `(B, T, W)` prediction-form character ids (None without ELMo); word_ids : `(B, T)`, 0 = padding.
+        inputs : the tensors named by ``self.names``: char_ids `(B, T, W)` prediction-form character ids (with
+            ELMo), word_ids `(B, T)` (0 = padding), word_chars `(B, T, 24)` (with a character CNN).
 
         # Returns
-        label ids `(B, T)` (tagging) or `(B,)`, and log-probabilities `(B, T, C)` or `(B, C)`.
+        label ids `(B, T)` (tagging; with a CRF its Viterbi path, 0 at padding) or `(B,)`, and log-probabilities
+        `(B, T, C)` or `(B, C)` (with a CRF: the log-softmax of its emissions).
         """
-        task = self.task
-        mask = word_ids != 0  # (B, T)
-        x = task.embed(word_ids)  # (B, T, E)
-        layers = None
-        if self.bilm is not None:
-            layers = self.bilm(char_ids)[0].transpose(0, 1)  # (L+1, B, T, 2P)
-        if task.elmo_in is not None:
-            x = torch.cat([x, task.elmo_in.mix_layers(layers, mask)], dim=-1)  # (B, T, E + 2P)
-        h = bidirectional(task.lstm, x, mask)  # (B, T, 2H)
-        if task.elmo_out is not None:
-            h = torch.cat([h, task.elmo_out.mix_layers(layers, mask)], dim=-1)  # (B, T, 2H + 2P)
-        if self.classify:
-            h = h.masked_fill(~mask.unsqueeze(-1), float("-inf")).max(dim=1).values  # (B, 2H [+ 2P])
-        scores = torch.log_softmax(task.head(h), dim=-1)
-        return scores.argmax(dim=-1), scores
+        feed = dict(zip(self.names, inputs))
+        word_ids = feed["word_ids"]
+        layers = self.bilm(feed["char_ids"])[0].transpose(0, 1) if self.bilm is not None else None  # (L+1, B, T, 2P)
+        logits = self.task.scores(word_ids, feed.get("word_chars"), layers)  # (B, T, C) or (B, C)
+        return self.task.label_ids(logits, word_ids != 0), torch.log_softmax(logits, dim=-1)
 
 
-class _WithChars(nn.Module):
-    """The exported signature with ELMo: ``(char_ids, word_ids)``."""
+def _graph(model: TaskModel, embedder, chars) -> tuple[ServedTask, tuple, dict]:
+    """The module to export, its example inputs and the dynamic axes, per input named in ``module.names``."""
+    bilm = None
+    if embedder is not None:  # the task's own fine-tuned copy of the biLM, else the frozen one
+        loaded = embedder.loaded if model.bilm is None else dataclasses.replace(embedder.loaded, model=model.bilm)
+        bilm = served_bilm(loaded)
+    module = ServedTask(model, bilm)
+    sentences = [["The", "cat", "sat"], ["A", "dog"]]
+    ids = {k: torch.from_numpy(v) for k, v in encode_batch(sentences, model.index, model.char_cnn is not None).items()}
+    if embedder is not None:
+        ids["char_ids"] = example_chars(chars)
+    B, T = torch.export.Dim("batch"), torch.export.Dim("tokens")
+    return module, tuple(ids[n] for n in module.names), (tuple({0: B, 1: T} for _ in module.names),)  # *inputs
 
-    def __init__(self, served: ServedTask):
-        super().__init__()
-        self.served = served
 
-    def forward(self, char_ids: torch.Tensor, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.served(char_ids, word_ids)
-
-
-class _WordsOnly(_WithChars):
-    """The exported signature without ELMo: ``(word_ids,)``."""
-
-    def forward(self, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        return self.served(None, word_ids)
+def check_graph(directory: Path, model: TaskModel, source: Path) -> None:
+    """ElmoError unless the exported graph under `directory` gives `model`'s labels on a few sentences made of its
+    words (one unknown to it, and long)."""
+    words = list(model.config.words[2:]) or ["x"]
+    sentences = [[words[(7 * k + i) % len(words)] for i in range(n)] for k, n in enumerate((1, 2, 3, 5, 8, 13))]
+    examples = [formats.Example(s, None) for s in sentences + [["Ünknöwn-" + "x" * 30, *words[:2]]]]
+    want, got = predict_examples(model, examples), OnnxTask(directory).predict(examples)
+    bad = sum(w != g for w, g in zip(want, got))
+    if bad:
+        raise ElmoError(f"{source}: the exported graph gives labels other than the PyTorch model's on {bad} of "
+                        f"{len(examples)} check sentences; nothing written (run it with `elmo-cli task predict "
+                        f"--task {source}`)")
 
 
 def _sha256(text: str) -> str:
@@ -135,10 +123,24 @@ def _lines(items) -> str:
     return "".join(f"{x}\n" for x in items)
 
 
+def _task_info(model: TaskModel, words: str, labels: str) -> dict:
+    """task.json (and the graph's metadata): what a reader needs besides the graph."""
+    config = model.config
+    inputs = ((["char_ids"] if config.uses_elmo else []) + ["word_ids"] + (["word_chars"] if config.char_cnn else []))
+    return {"kind": config.kind, "max_length": config.max_length, "tokenizer": config.tokenizer,
+            "padding_word_id": 0, "unknown_word_id": config.words.index("<UNK>"), "n_words": len(config.words),
+            "labels": list(config.labels), "words_sha256": _sha256(words), "labels_sha256": _sha256(labels),
+            "uses_elmo": config.uses_elmo, "label_column": config.label_column, "inputs": inputs,
+            "outputs": ["label_ids", "scores"], "crf": config.crf, "char_cnn": config.char_cnn,
+            "fine_tune_bilm": config.fine_tune_bilm, "decoding": "crf viterbi in the graph" if config.crf else "argmax",
+            **({"word_chars_width": CHAR_CNN_WIDTH} if config.char_cnn else {})}
+
+
 def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = False) -> list[str]:
-    """Write the ONNX task directory `output` (see the module docstring), built under a temporary name and renamed
-    when complete. Returns the names written."""
+    """Write the ONNX task directory `output` (see the module docstring), built under a temporary name, checked
+    against the PyTorch model (`check_graph`) and renamed when complete. Returns the names written."""
     from elmo_cli.tasks.apply import open_task
+    from elmo_cli.tasks.store import read_config
 
     if fmt != "onnx":
         raise ElmoError(f"--format {fmt!r}: task export writes onnx only")
@@ -146,14 +148,7 @@ def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = F
     check_new_output(output, force, directory=True)
     if output.exists() and output.is_dir() and not (output / TASK_FILE).is_file() and any(output.iterdir()):
         raise ElmoError(f"{output}: exists and is not an exported task; choose another --output")
-    from elmo_cli.tasks.store import read_config
-
-    config = read_config(task_dir)
-    unsupported = [flag for flag, used in (("--crf", config.crf), ("--char-cnn", config.char_cnn),
-                                           ("--fine-tune-bilm", config.fine_tune_bilm)) if used]
-    if unsupported:
-        raise ElmoError(f"{task_dir}: trained with {', '.join(unsupported)}, which task export does not write into "
-                        f"the graph yet; run it with `elmo-cli task predict --task {task_dir}`")
+    read_config(task_dir)  # an older or broken task directory is refused before the serving check
     require_serving()
     loaded = open_task(task_dir, device="cpu")
     try:
@@ -165,29 +160,22 @@ def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = F
             directory = config.bilm_files(str(Path(task_dir) / "config.json")).directory
             text = TextEncoder.from_dir(directory) if directory is not None else TextEncoder()
         words, labels = _lines(config.words), _lines(config.labels)
-        info = {"kind": config.kind, "max_length": config.max_length, "tokenizer": config.tokenizer,
-                "padding_word_id": 0, "unknown_word_id": config.words.index("<UNK>"), "n_words": len(config.words),
-                "labels": list(config.labels), "words_sha256": _sha256(words), "labels_sha256": _sha256(labels),
-                "uses_elmo": config.uses_elmo, "label_column": config.label_column}
-        served = ServedTask(model, served_bilm(embedder.loaded) if embedder is not None else None)
+        info = _task_info(model, words, labels)
         chars = text.chars if text is not None else None
-        B, T = torch.export.Dim("batch"), torch.export.Dim("tokens")
-        word_example = torch.tensor([[2, 3, 4], [5, 6, 0]], dtype=torch.long).clamp(max=len(config.words) - 1)
+        module, args, dynamic = _graph(model, embedder, chars)
         metadata = {"elmo_cli.kind": "task", "elmo_cli.task": json.dumps(info)}
         if embedder is not None:
-            module, args = _WithChars(served), (example_chars(chars), word_example)
-            names = (["char_ids", "word_ids"], ["label_ids", "scores"])
-            dynamic = ({0: B, 1: T}, {0: B, 1: T})
             metadata["elmo_cli.chars"] = json.dumps(chars.to_json())
             metadata["elmo_cli.options"] = json.dumps(embedder.model.config.to_options())
-        else:
-            module, args = _WordsOnly(served), (word_example,)
-            names, dynamic = (["word_ids"], ["label_ids", "scores"]), ({0: B, 1: T},)
         tmp = output.with_name(f".{output.name}.partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            write_onnx(module, args, names, dynamic, metadata, tmp / MODEL_FILE)
+            try:
+                write_onnx(module, args, (module.names, info["outputs"]), dynamic, metadata, tmp / MODEL_FILE)
+            except Exception as e:  # the exporter's own messages run to many lines
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                raise ElmoError(f"{task_dir}: torch could not export its graph ({type(e).__name__}: {first})") from None
             (tmp / WORDS_FILE).write_text(words, encoding="utf-8")
             (tmp / LABELS_FILE).write_text(labels, encoding="utf-8")
             (tmp / TASK_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
@@ -195,6 +183,7 @@ def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = F
                 (tmp / "chars.json").write_text(json.dumps(chars.to_json()) + "\n", encoding="utf-8")
             if config.tokenizer == "bilm" and text is not None and text.spm_model is not None:
                 (tmp / SPM_FILE).write_bytes(text.spm_model)
+            check_graph(tmp, model, Path(task_dir))
             publish_dir(tmp, output)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -244,13 +233,9 @@ class OnnxTask:
         return self.text.tokenize(line) if self.info["tokenizer"] == "bilm" else formats.whitespace(line)
 
     def run(self, sentences: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-        """label ids and log-probabilities of one batch of non-empty token lists."""
-        T = max(len(s) for s in sentences)
-        unk = self.info["unknown_word_id"]
-        word_ids = np.zeros((len(sentences), T), dtype=np.int64)
-        for b, s in enumerate(sentences):
-            word_ids[b, : len(s)] = [self.index.get(t, unk) for t in s]
-        feed = {"word_ids": word_ids}
+        """label ids `(B, T)` or `(B,)` and log-probabilities `(B, T, C)` or `(B, C)` of one batch of non-empty
+        token lists."""
+        feed = encode_batch(sentences, self.index, "word_chars" in self.inputs)  # word_ids [, word_chars]
         if "char_ids" in self.inputs:
             feed["char_ids"] = char_batch(self.chars, sentences)
         label_ids, scores = self.session.run(["label_ids", "scores"], feed)
@@ -262,9 +247,9 @@ class OnnxTask:
         pieces = [p.tokens for p in formats.split_long(examples, max_length)[0]]
         out: list = [None] * len(pieces)
         for batch in length_batches([len(p) for p in pieces], batch_size):
-            _, scores = self.run([pieces[k] for k in batch])
-            for b, k in enumerate(batch):
-                out[k] = scores[b, : len(pieces[k])] if kind == "tagging" else scores[b]
+            label_ids, scores = self.run([pieces[k] for k in batch])
+            for b, k in enumerate(batch):  # a tagging piece: the graph's label ids (with a CRF its Viterbi path)
+                out[k] = label_ids[b, : len(pieces[k])] if kind == "tagging" else scores[b]
         return join_pieces(kind, self.labels, max_length, examples, out)
 
 
