@@ -496,11 +496,88 @@ def _training_process(threads: int):
         torch.set_num_threads(saved)
 
 
+class _RunFiles:
+    """What a run keeps in its directory, written by rank 0 only (on other ranks every method does nothing):
+    metrics.jsonl, the model files (options.json, weights.hdf5, softmax.hdf5, the vocabulary, config.json),
+    checkpoints/ and curves.png."""
+
+    def __init__(self, run_dir: Path, config: RunConfig, encoder, main: bool):
+        self.run_dir, self.config, self.encoder, self.main = run_dir, config, encoder, main
+
+    def log(self, record: dict) -> None:
+        if self.main:
+            with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def write_model(self, model: BiLM) -> None:
+        if self.main:
+            save_model_dir(model, self.run_dir)
+            self.encoder.save_to(self.run_dir)
+            save_config(self.config, self.run_dir / CONFIG_FILE)
+
+    def save_checkpoint(self, step: int, payload: dict, keep: int) -> Path | None:
+        return save_checkpoint(self.run_dir, step, payload, keep=keep) if self.main else None
+
+    def plot(self) -> None:
+        if self.main:
+            plot_runs([read_metrics(self.run_dir)], self.run_dir / CURVES_FILE)
+
+
+class _TrainState:
+    """The model and what a checkpoint restores with it: optimizer, weight average, the data streams, the sampler's
+    RNG and the carried LSTM states. Identical on every rank at the start (DDP also broadcasts rank 0's
+    parameters)."""
+
+    def __init__(self, config: RunConfig, dataset: ShardDataset, ddp, device: torch.device, run_dir: Path | None,
+                 init_from: "Path | ModelFiles | None", reset_softmax: bool):
+        tc, B = config.training, config.training.batch_size
+        self.V = len(dataset.vocab)
+        torch.manual_seed(tc.seed)
+        # DDP cannot all-reduce sparse gradients and Adam(W) cannot take them: then the softmax gradient is dense.
+        sparse = tc.sparse_softmax and not ddp.enabled and tc.optimizer == "adagrad"
+        self.model = model = BiLM(config.model, vocab_size=self.V, dropout=tc.dropout, sparse_softmax=sparse)
+        self.notes = init_from_model(model, init_from, dataset.encoder, reset_softmax) \
+            if init_from is not None and not list_checkpoints(run_dir) else []
+        model.to(device)
+        loss = BiLMLoss(model)
+        self.wrapped: nn.Module = nn.parallel.DistributedDataParallel(
+            loss, device_ids=[device.index] if device.type == "cuda" else None) if ddp.enabled else loss
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(self.params, tc)
+        # With training.average, the weights that are validated and written: a moving average of the trained ones.
+        self.averaged = AveragedModel(model, multi_avg_fn=_MovingAverage()) if tc.average > 0 else None
+        self.streams = SentenceStreams(dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B,
+                                       seed=tc.seed)
+        self.per_epoch = steps_per_epoch(dataset.total_tokens, B, tc.unroll_steps, ddp.world_size)
+        self.total_steps = _total_steps(tc, self.per_epoch)
+        self.sampler = torch.Generator().manual_seed(tc.seed * 1_000_003 + ddp.rank + 1)
+        torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
+        self.states: tuple = (None, None)
+
+    @property
+    def result_model(self) -> BiLM:
+        """The weights the run validates and writes: the moving average (training.average) or the trained ones."""
+        return self.averaged.module if self.averaged is not None else self.model
+
+    def restore(self, ckpt: dict, rank: int, device: torch.device) -> None:
+        """Everything but the run's progress, as the checkpoint `ckpt` holds it for process `rank`."""
+        self.model.load_state_dict(ckpt["model"])
+        if self.averaged is not None:
+            if ckpt.get("average") is None:
+                raise ElmoError("the checkpoint holds no weight average (training.average); resume without it")
+            self.averaged.load_state_dict(ckpt["average"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        data_state, self.states = restore_rank(ckpt["ranks"][rank], self.sampler, device,
+                                               self.model.config.lstm.n_layers)
+        self.streams.load_state(data_state)
+
+
 class _Trainer:
-    """Everything one training run holds: data, model, optimizer, streams, RNGs, carried states, progress.
+    """One training run: its data, its `_TrainState` (model, optimizer, streams, RNGs, carried states), its
+    `_RunFiles` and its progress.
 
     Built once (`__init__`: fresh, fine-tuned or resumed); `step` is one optimizer step, `checkpoint` and
-    `validate` the run's two kinds of writes. `_train` drives it.
+    `validate` the run's two kinds of writes; `_decide` makes the processes agree; `_train` drives it.
     """
 
     def __init__(self, config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None,
@@ -515,24 +592,29 @@ class _Trainer:
             config = dataclasses.replace(config, model=model_architecture(init_from))
         self.config = config = fit_to_data(config, self.dataset)
         self.tc, self.run_dir = tc, run_dir
+        self.files = _RunFiles(run_dir, config, self.dataset.encoder, self.ddp.main)
         if self.ddp.main:
             _check_run_dir(run_dir)
         ckpt = _checkpoint_to_resume(run_dir, config, self.ddp.world_size) if resume else None
         if ckpt is None and list_checkpoints(run_dir):
             raise ElmoError(f"{run_dir}: already holds a run (checkpoints/); pass --resume to continue it or "
                             f"choose another --output")
-        self._build(init_from, reset_softmax)
+        self.state = _TrainState(config, self.dataset, self.ddp, self.device, run_dir, init_from, reset_softmax)
         self.progress = _Progress()
         if ckpt is not None:
-            self._restore(ckpt)
+            self.state.restore(ckpt, self.ddp.rank, self.device)
+            self.progress = _Progress(int(ckpt["step"]), int(ckpt["tokens"]), float(ckpt["elapsed"]),
+                                      ckpt.get("best"), int(ckpt.get("bad_validations", 0)))
+            if self.ddp.main:
+                _truncate_metrics(run_dir / METRICS_FILE, self.progress.step)
         self.keep_best = self.vdataset is not None and tc.keep_best
         self.baseline = None
         if self.vdataset is not None and tc.baseline and self.ddp.main:
             self.baseline = kn_baseline(run_dir, self.dataset, self.vdataset, tc.baseline_order)
             if ckpt is None:
-                self.log({"kind": "baseline", "step": 0, **self.baseline})
-        if self.ddp.main and (ckpt is None or not self.keep_best):
-            self.write_model_dir()  # the run directory is a loadable model from the start
+                self.files.log({"kind": "baseline", "step": 0, **self.baseline})
+        if ckpt is None or not self.keep_best:
+            self.files.write_model(self.result_model)  # the run directory is a loadable model from the start
         self.last_checkpoint: Path | None = latest_checkpoint(run_dir) if ckpt is not None else None
         self.start = time.monotonic()
 
@@ -544,73 +626,21 @@ class _Trainer:
         self.ddp, self.device = Dist(), resolve_device(config.training.device)
         self.autocast = torch.bfloat16 if config.training.dtype == "bf16" else None
         self.config = fit_to_data(config, dataset)
-        self._build(None, False)
+        self.state = _TrainState(self.config, dataset, self.ddp, self.device, None, None, False)
         self.progress, self.last_checkpoint, self.start = _Progress(), None, time.monotonic()
         return self
 
-    def _build(self, init_from: "Path | ModelFiles | None", reset_softmax: bool) -> None:
-        """Model, identical on every rank (DDP also broadcasts rank 0's parameters), optimizer, data streams."""
-        tc, ddp, B = self.tc, self.ddp, self.tc.batch_size
-        self.V = len(self.dataset.vocab)
-        torch.manual_seed(tc.seed)
-        # DDP cannot all-reduce sparse gradients and Adam(W) cannot take them: then the softmax gradient is dense.
-        sparse = tc.sparse_softmax and not ddp.enabled and tc.optimizer == "adagrad"
-        self.model = model = BiLM(self.config.model, vocab_size=self.V, dropout=tc.dropout, sparse_softmax=sparse)
-        self.notes = init_from_model(model, init_from, self.dataset.encoder, reset_softmax) \
-            if init_from is not None and not list_checkpoints(self.run_dir) else []
-        model.to(self.device)
-        loss = BiLMLoss(model)
-        self.wrapped: nn.Module = nn.parallel.DistributedDataParallel(
-            loss, device_ids=[self.device.index] if self.device.type == "cuda" else None) if ddp.enabled else loss
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, tc)
-        # With training.average, the weights that are validated and written: a moving average of the trained ones.
-        self.averaged = AveragedModel(model, multi_avg_fn=_MovingAverage()) if tc.average > 0 else None
-        self.streams = SentenceStreams(self.dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B,
-                                       seed=tc.seed)
-        self.per_epoch = steps_per_epoch(self.dataset.total_tokens, B, tc.unroll_steps, ddp.world_size)
-        self.total_steps = _total_steps(tc, self.per_epoch)
-        self.sampler = torch.Generator().manual_seed(tc.seed * 1_000_003 + ddp.rank + 1)
-        torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
-        self.states: tuple = (None, None)
-
     @property
     def result_model(self) -> BiLM:
-        """The weights the run validates and writes: the moving average (training.average) or the trained ones."""
-        return self.averaged.module if self.averaged is not None else self.model
-
-    def _restore(self, ckpt: dict) -> None:
-        self.model.load_state_dict(ckpt["model"])
-        if self.averaged is not None:
-            if ckpt.get("average") is None:
-                raise ElmoError("the checkpoint holds no weight average (training.average); resume without it")
-            self.averaged.load_state_dict(ckpt["average"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        data_state, self.states = restore_rank(ckpt["ranks"][self.ddp.rank], self.sampler, self.device,
-                                               self.config.model.lstm.n_layers)
-        self.streams.load_state(data_state)
-        self.progress = _Progress(int(ckpt["step"]), int(ckpt["tokens"]), float(ckpt["elapsed"]), ckpt.get("best"),
-                                  int(ckpt.get("bad_validations", 0)))
-        if self.ddp.main:
-            _truncate_metrics(self.run_dir / METRICS_FILE, self.progress.step)
+        return self.state.result_model
 
     # ---- writes ---------------------------------------------------------------------------------------------------
-    def log(self, record: dict) -> None:
-        if self.ddp.main:
-            with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def write_model_dir(self) -> None:
-        save_model_dir(self.result_model, self.run_dir)
-        self.dataset.encoder.save_to(self.run_dir)
-        save_config(self.config, self.run_dir / CONFIG_FILE)
-
     def elapsed(self) -> float:
         """Training seconds of the whole run so far (resumed parts included)."""
         return self.progress.elapsed_before + time.monotonic() - self.start
 
     def checkpoint(self) -> Path | None:
-        mine = rank_state(self.sampler, self.device, self.streams.state(), self.states)
+        mine = rank_state(self.state.sampler, self.device, self.state.streams.state(), self.state.states)
         gathered: list = [mine]
         if self.ddp.enabled:
             gathered = [None] * self.ddp.world_size
@@ -618,12 +648,12 @@ class _Trainer:
         if not self.ddp.main:
             return None
         if not self.keep_best:
-            self.write_model_dir()
+            self.files.write_model(self.result_model)
         run = self.progress
-        payload = build_payload(json.dumps(self.config.to_dict()), self.model, self.optimizer, gathered, run.tokens,
+        payload = build_payload(json.dumps(self.config.to_dict()), self.state.model, self.state.optimizer, gathered, run.tokens,
                                 self.elapsed(), run.best, run.bad_validations,
-                                self.averaged.state_dict() if self.averaged is not None else None)
-        self.last_checkpoint = save_checkpoint(self.run_dir, run.step, payload, keep=self.tc.keep_checkpoints)
+                                self.state.averaged.state_dict() if self.state.averaged is not None else None)
+        self.last_checkpoint = self.files.save_checkpoint(run.step, payload, self.tc.keep_checkpoints)
         return self.last_checkpoint
 
     def validate(self) -> dict | None:
@@ -636,22 +666,22 @@ class _Trainer:
         if improved:
             run.best, run.bad_validations = {"step": run.step, **result}, 0
             if self.keep_best:
-                self.write_model_dir()
+                self.files.write_model(self.result_model)
         else:
             run.bad_validations += 1
         reference = {"baseline": baseline["name"],
                      "baseline_average_perplexity": round(baseline["average_perplexity"], 4)} if baseline else {}
-        self.log({"kind": "validation", "step": run.step, "elapsed": round(self.elapsed(), 2),
+        self.files.log({"kind": "validation", "step": run.step, "elapsed": round(self.elapsed(), 2),
                   **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()},
-                  "softmax": "full", "weights": "average" if self.averaged is not None else "trained",
+                  "softmax": "full", "weights": "average" if self.state.averaged is not None else "trained",
                   "best": improved, **reference})
-        plot_runs([read_metrics(self.run_dir)], self.run_dir / CURVES_FILE)
+        self.files.plot()
         return result
 
     def fractions_done(self) -> tuple[float, float]:
         """The run's progress by its steps and by the clock (0 without --max-time); the larger one is the schedule's."""
         tc = self.tc
-        return self.progress.step / self.total_steps, self.elapsed() / tc.max_time if tc.max_time else 0.0
+        return self.progress.step / self.state.total_steps, self.elapsed() / tc.max_time if tc.max_time else 0.0
 
     # ---- one step -----------------------------------------------------------------------------------------------
     def step(self) -> tuple[float, float, float, int, float]:
@@ -663,57 +693,55 @@ class _Trainer:
         tc, run = self.tc, self.progress
         fraction = max(self.fractions_done())
         lr = tc.lr * lr_factor(fraction, tc)
-        for group in self.optimizer.param_groups:
+        for group in self.state.optimizer.param_groups:
             group["lr"] = lr
-        batch: LMBatch = self.streams.next_batch(tc.unroll_steps).to(self.device)
+        batch: LMBatch = self.state.streams.next_batch(tc.unroll_steps).to(self.device)
         negatives, tries = [], []
         for _ in range(2):
-            ids, n_tries = log_uniform_sample(tc.n_negative_samples, self.V, self.sampler)
+            ids, n_tries = log_uniform_sample(tc.n_negative_samples, self.state.V, self.state.sampler)
             negatives.append(ids.to(self.device))
             tries.append(n_tries)
         with _autocast(self.device, self.autocast):
-            f_loss, b_loss, new_states = self.wrapped(
-                batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, self.states,
+            f_loss, b_loss, new_states = self.state.wrapped(
+                batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, self.state.states,
                 tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None)
             loss = (f_loss + b_loss) / 2
         f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
         _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.state.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = clip_grad_norm(self.params, tc.clip_norm)
+        grad_norm = clip_grad_norm(self.state.params, tc.clip_norm)
         _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
-        self.optimizer.step()
-        if self.averaged is not None:  # horizon: the last `average` of the run's steps (as the schedule sees them)
-            self.averaged.multi_avg_fn.horizon = tc.average * (run.step + 1) / fraction if fraction > 0 else 1.0
-            self.averaged.update_parameters(self.model)
-        self.states = _detach(new_states)
+        self.state.optimizer.step()
+        if self.state.averaged is not None:  # horizon: the last `average` of the run's steps (as the schedule sees them)
+            self.state.averaged.multi_avg_fn.horizon = tc.average * (run.step + 1) / fraction if fraction > 0 else 1.0
+            self.state.averaged.update_parameters(self.state.model)
+        self.state.states = _detach(new_states)
         tokens = batch.n_tokens * self.ddp.world_size
         run.step += 1
         run.tokens += tokens
         return f_val, b_val, grad_norm, tokens, lr
 
-    def decide(self, stop: _StopFlag, last_ckpt: tuple[int, float], last_validation: float) -> tuple[bool, bool, bool]:
-        """Stop now, checkpoint by the clock, validate now: the same decisions on every process."""
-        tc, now = self.tc, time.monotonic()
-        stop_now = stop.signal is not None or bool(tc.max_time and self.elapsed() >= tc.max_time)
-        by_time = bool(tc.checkpoint_minutes and now - last_ckpt[1] >= 60 * tc.checkpoint_minutes)
-        by_steps, by_clock = self.fractions_done()
-        clock_leads = by_clock > by_steps
-        validate = self.vdataset is not None and \
-            _validation_due(tc, self.progress.step, self.total_steps, now - last_validation, clock_leads)
-        if self.ddp.enabled:
-            flags = torch.tensor([float(stop_now), float(by_time), float(validate)], device=self.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            stop_now, by_time, validate = (bool(x) for x in flags.tolist())
-        return stop_now, by_time, validate
+
+def _decide(tr: _Trainer, stop: _StopFlag, last_ckpt: tuple[int, float], last_validation: float
+            ) -> tuple[bool, bool, bool]:
+    """Stop now, checkpoint by the clock, validate now: the same decisions on every process."""
+    tc, now = tr.tc, time.monotonic()
+    stop_now = stop.signal is not None or bool(tc.max_time and tr.elapsed() >= tc.max_time)
+    by_time = bool(tc.checkpoint_minutes and now - last_ckpt[1] >= 60 * tc.checkpoint_minutes)
+    by_steps, by_clock = tr.fractions_done()
+    clock_leads = by_clock > by_steps
+    validate = tr.vdataset is not None and \
+        _validation_due(tc, tr.progress.step, tr.state.total_steps, now - last_validation, clock_leads)
+    return _any_process(tr.ddp, tr.device, stop_now, by_time, validate)
 
 
 def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None, resume: bool,
            init_from: "Path | ModelFiles | None", reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
     tr = _Trainer(config, data_dir, run_dir, validation_dir, resume, init_from, reset_softmax)
-    tc, run, total = tr.tc, tr.progress, tr.total_steps
+    tc, run, total = tr.tc, tr.progress, tr.state.total_steps
     resumed_from = run.step
-    tr.model.train()
+    tr.state.model.train()
     last_ckpt, last_validation = (run.step, time.monotonic()), time.monotonic()
     meter, validation = _Meter(), None
     stopped = "finished" if run.step < total else "max_steps"
@@ -722,10 +750,10 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
         while run.step < total:
             f_val, b_val, grad_norm, tokens, lr = tr.step()
             meter.add(f_val, b_val, tokens)
-            stop_now, ckpt_by_time, validate = tr.decide(stop, last_ckpt, last_validation)
+            stop_now, ckpt_by_time, validate = _decide(tr, stop, last_ckpt, last_validation)
             event, vresult = "", None
             if run.step % tc.log_every == 0 or run.step == total or stop_now:
-                tr.log(meter.record(run.step, tr.per_epoch, run.tokens, grad_norm, lr, tr.elapsed()))
+                tr.files.log(meter.record(run.step, tr.state.per_epoch, run.tokens, grad_norm, lr, tr.elapsed()))
             if validate and run.step < total and not stop_now:
                 began = time.monotonic()
                 vresult = validation = tr.validate()
@@ -745,7 +773,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                 if tc.max_time and tc.max_time - tr.elapsed() < eta:  # the time budget ends the run first
                     eta = max(0.0, tc.max_time - tr.elapsed())
                     expected = min(total, run.step + math.ceil(eta * steps_per_s))
-                on_step(StepInfo(run.step, expected, run.step / tr.per_epoch, (f_val + b_val) / 2, meter.rate,
+                on_step(StepInfo(run.step, expected, run.step / tr.state.per_epoch, (f_val + b_val) / 2, meter.rate,
                                  time.monotonic() - tr.start, eta, event, vresult, lr, tr.baseline, run.best))
             if stop_now:
                 if stopped != "patience":
@@ -760,7 +788,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
     return TrainResult(run_dir=run_dir, step=run.step, total_steps=total, stopped=stopped,
                        train_loss=meter.last_mean, tokens_per_s=meter.rate, elapsed=time.monotonic() - tr.start,
                        checkpoint=tr.last_checkpoint, validation=validation, resumed_from=resumed_from,
-                       world_size=tr.ddp.world_size, notes=tr.notes, baseline=tr.baseline, best=run.best,
+                       world_size=tr.ddp.world_size, notes=tr.state.notes, baseline=tr.baseline, best=run.best,
                        train_tokens=tr.dataset.total_tokens)
 
 
@@ -770,7 +798,7 @@ def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float)
     Writes nothing; the global RNGs are reseeded by the run that follows, as every run reseeds them."""
     with _training_process(config.training.threads):
         probe = _Trainer.bare(config, dataset)
-        probe.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
+        probe.state.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
         for _ in range(2):
             probe.step()
         _synchronize(probe.device)
@@ -794,6 +822,15 @@ def _agree(ddp, device: torch.device, flag: bool) -> bool:
     t = torch.tensor([float(flag)], device=device)
     dist.broadcast(t, src=0)
     return bool(t.item())
+
+
+def _any_process(ddp, device: torch.device, *flags: bool) -> tuple[bool, ...]:
+    """Each flag True on every process when it is True on any (one all-reduce); as given in a single process."""
+    if not ddp.enabled:
+        return flags
+    t = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return tuple(bool(x) for x in t.tolist())
 
 
 def _check_finite(what: str, value: float, step: int, last_ckpt_path: Path | None) -> None:

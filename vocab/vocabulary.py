@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import io
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -251,6 +250,23 @@ def _write_counts(output: Path, vocab: Vocabulary, ranked: list[tuple[str, int]]
     return path
 
 
+# SentencePiece's options that elmo-cli fixes: ids 0-2 are <S>, </S>, <UNK> as in every elmo-cli vocabulary, one
+# thread and a shuffled sample so the model is the same on every run.
+SPM_FIXED_OPTIONS = dict(shuffle_input_sentence=True, num_threads=1, max_sentence_length=1 << 16, bos_id=0, eos_id=1,
+                         unk_id=2, pad_id=-1, bos_piece=BOS_TOKEN, eos_piece=EOS_TOKEN, unk_piece=UNK_TOKEN,
+                         hard_vocab_limit=False, minloglevel=2)
+
+
+def _spm_error(where: str | Path, msg: str, vocab_size: int, character_coverage: float) -> ElmoError:
+    """SentencePiece's training error as one line that points at elmo-cli's options."""
+    if "smaller than required_chars" in msg:  # point at our options, not SentencePiece's own flags
+        need = msg.split(" vs ")[-1].split(".")[0] if " vs " in msg else "more"
+        return ElmoError(f"{where}: --vocab-size {vocab_size} is smaller than the {need} distinct characters "
+                         f"SentencePiece must keep; raise --vocab-size or lower --character-coverage "
+                         f"(now {character_coverage})")
+    return ElmoError(f"{where}: SentencePiece training failed: {msg}")
+
+
 def train_sentencepiece(
     corpus: list[str | Path] | str | Path,
     output: str | Path,
@@ -290,35 +306,13 @@ def train_sentencepiece(
 
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
+    options = dict(vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+                   input_sentence_size=input_sentence_size, **SPM_FIXED_OPTIONS)
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=_sentences(files, errors, VocabStats(output=output)),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True,
-            num_threads=1,
-            max_sentence_length=1 << 16,
-            bos_id=0,
-            eos_id=1,
-            unk_id=2,
-            pad_id=-1,
-            bos_piece=BOS_TOKEN,
-            eos_piece=EOS_TOKEN,
-            unk_piece=UNK_TOKEN,
-            hard_vocab_limit=False,
-            minloglevel=2,
-        )
+        spm.SentencePieceTrainer.train(sentence_iterator=_sentences(files, errors, VocabStats(output=output)),
+                                       model_writer=model, **options)
     except RuntimeError as e:
-        msg = str(e).splitlines()[0]
-        if "smaller than required_chars" in msg:  # point at our options, not SentencePiece's own flags
-            need = msg.split(" vs ")[-1].split(".")[0] if " vs " in msg else "more"
-            raise ElmoError(f"{files[0]}: --vocab-size {vocab_size} is smaller than the {need} distinct characters "
-                            f"SentencePiece must keep; raise --vocab-size or lower --character-coverage "
-                            f"(now {character_coverage})") from None
-        raise ElmoError(f"{files[0]}: SentencePiece training failed: {msg}") from None
+        raise _spm_error(files[0], str(e).splitlines()[0], vocab_size, character_coverage) from None
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = Vocabulary([sp.id_to_piece(i) for i in range(sp.get_piece_size())], source=str(output))
     assert vocab.tokens[:3] == list(SPECIALS), vocab.tokens[:3]
