@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_cli.config import ModelConfig
 from elmo_cli import machine
 from elmo_cli.distributed import launched_world_size
 from elmo_cli.loading import resolve_device
-from elmo_cli.presets import PRESETS
+from elmo_cli.presets import MODEL_SHAPES, PRESETS
 from elmo_cli.train_config import RunConfig, merge_config
 from vocab.errors import ElmoError
 
@@ -60,16 +60,7 @@ class Shape:
     model: ModelConfig
 
 
-_SMALL_CNN = CharCNNConfig(filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1)
-
-
-def _shape(dim: int, proj: int) -> Shape:
-    lstm = LSTMConfig(dim=dim, projection_dim=proj, n_layers=2, cell_clip=3.0, proj_clip=3.0)
-    return Shape(f"LSTM {dim}/{proj}", ModelConfig(char_cnn=_SMALL_CNN, lstm=lstm))
-
-
-# Smallest first. The char CNN stays the small one of `tiny`: on a CPU it is the costliest part per parameter.
-LADDER = (_shape(512, 128), _shape(1024, 256))
+LADDER = tuple(Shape(f"LSTM {name}", MODEL_SHAPES[name]) for name in ("512/128", "1024/256"))
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,23 @@ class Preset:
     about: str  # one line for --help
 
 
-def _published(dim: int, proj: int, n_highway: int) -> ModelConfig:
-    return ModelConfig(
-        char_cnn=CharCNNConfig(filters=PUBLISHED_FILTERS, n_highway=n_highway),
-        lstm=LSTMConfig(dim=dim, projection_dim=proj, n_layers=2, cell_clip=3.0, proj_clip=3.0),
-    )
+def _shape(dim: int, proj: int, cnn: CharCNNConfig) -> ModelConfig:
+    return ModelConfig(char_cnn=cnn, lstm=LSTMConfig(dim=dim, projection_dim=proj, n_layers=2, cell_clip=3.0,
+                                                     proj_clip=3.0))
+
+
+# Small filters keep the char CNN (the CPU bottleneck) cheap: the CPU shapes' character encoder.
+SMALL_CNN = CharCNNConfig(filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1)
+
+# Every model shape a preset or `--preset auto` trains, by name: the CPU shapes (the small char CNN) and bilm-tf's
+# published ones (its 2,048-filter CNN; `small`, `medium`, `original`).
+MODEL_SHAPES: dict[str, ModelConfig] = {
+    "512/128": _shape(512, 128, SMALL_CNN),
+    "1024/256": _shape(1024, 256, SMALL_CNN),
+    "small": _shape(1024, 128, CharCNNConfig(filters=PUBLISHED_FILTERS, n_highway=1)),
+    "medium": _shape(2048, 256, CharCNNConfig(filters=PUBLISHED_FILTERS, n_highway=1)),
+    "original": _shape(4096, 512, CharCNNConfig(filters=PUBLISHED_FILTERS, n_highway=2)),
+}
 
 
 # The demo: about 3 minutes on 2 quiet CPU cores over examples/austen_train.txt (205k tokens, 8k-word vocabulary).
@@ -40,10 +52,7 @@ def _published(dim: int, proj: int, n_highway: int) -> ModelConfig:
 # backward direction degraded); 2.0 diverged. With the per-sentence state reset, `make demo` (lr 0.6) ends at
 # 281/290, stateless, against 511 for an add-one unigram model of the training text.
 _TINY = RunConfig(
-    model=ModelConfig(
-        char_cnn=CharCNNConfig(filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1),
-        lstm=LSTMConfig(dim=512, projection_dim=128, n_layers=2, cell_clip=3.0, proj_clip=3.0),
-    ),
+    model=MODEL_SHAPES["512/128"],
     training=TrainingConfig(batch_size=32, unroll_steps=20, lr=0.6, n_negative_samples=1024, epochs=2.0,
                             checkpoint_every=200, validation_every=160, log_every=10),
 )
@@ -81,9 +90,10 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(_TINY, "512-cell LSTMs, P 128, small char CNN, bilm-tf's Adagrad: a quick pipeline check"),
     "laptop": Preset(_LAPTOP, "tiny's shape, Adam + cosine over --max-time (default 1h): the CPU recipe, 0.5-10M "
                               "tokens"),
-    "small": Preset(RunConfig(_published(1024, 128, 1)), "bilm-tf's 2x1024_128_2048cnn_1xhighway, bilm-tf's recipe"),
-    "medium": Preset(RunConfig(_published(2048, 256, 1)), "bilm-tf's 2x2048_256_2048cnn_1xhighway, bilm-tf's recipe"),
-    "original": Preset(RunConfig(_published(4096, 512, 2)), "the paper's 2x4096_512_2048cnn_2xhighway, bilm-tf's recipe"),
+    "small": Preset(RunConfig(MODEL_SHAPES["small"]), "bilm-tf's 2x1024_128_2048cnn_1xhighway, bilm-tf's recipe"),
+    "medium": Preset(RunConfig(MODEL_SHAPES["medium"]), "bilm-tf's 2x2048_256_2048cnn_1xhighway, bilm-tf's recipe"),
+    "original": Preset(RunConfig(MODEL_SHAPES["original"]), "the paper's 2x4096_512_2048cnn_2xhighway, bilm-tf's "
+                                                           "recipe"),
 }
 
 AUTO = "auto"  # not a table entry: `elmo_cli.auto` chooses the shape and recipe for the corpus, budget and machine
