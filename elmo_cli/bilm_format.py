@@ -25,7 +25,7 @@ import torch
 from elmo_cli.config import ModelConfig, load_options
 from elmo_cli.model.bilm import BiLM
 from vocab.errors import ElmoError
-from vocab.text import atomic_write_bytes, publish
+from vocab.text import atomic_write_bytes, publish, temporary_path
 
 LSTM_PREFIX = "RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/"
 
@@ -170,7 +170,7 @@ def read_softmax(path: Path, projection_dim: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _atomic_h5(path: Path, fill) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     with h5py.File(tmp, "w") as f:
         fill(f)
     publish(tmp, path)

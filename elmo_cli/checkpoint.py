@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 from vocab.errors import ElmoError
-from vocab.text import publish
+from vocab.text import publish, temporary_path
 
 FORMAT_VERSION = 1
 CHECKPOINT_DIR = "checkpoints"
@@ -88,7 +88,7 @@ def save_checkpoint(run_dir: Path, step: int, payload: dict[str, Any], keep: int
     """Write ``payload`` (plus format_version and step) atomically, then delete all but the newest ``keep``."""
     path = checkpoint_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     with open(tmp, "wb") as f:
         torch.save({"format_version": FORMAT_VERSION, "step": step, **payload}, f)
     publish(tmp, path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.loading import load_model
-from vocab.text import check_new_output
+from vocab.text import check_new_output, temporary_path
 from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE
 
 
@@ -31,7 +31,7 @@ def export_model(output: Path, model_dir: Path | None = None, options: Path | No
     check_new_output(output, force, directory=True)
     loaded = load_model(model_dir, options, weights, "cpu")
     model = loaded.model
-    tmp = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    tmp = temporary_path(output)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:

@@ -126,7 +126,7 @@ class atomic_writer:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.tmp = temporary_path(self.path)
 
     def __enter__(self) -> BinaryIO:
         try:
@@ -154,6 +154,15 @@ def check_new_output(output: str | Path, force: bool, directory: bool = False) -
         raise ElmoError(f"{output}: is a directory")
     if not output.parent.is_dir():
         raise ElmoError(f"{output.parent}: output directory does not exist")
+
+
+def temporary_path(final: str | Path) -> Path:
+    """Where an output is built before `publish` or `publish_dir` gives it its name, the one naming every writer
+    uses: hidden beside it, with this process's id, the suffix repeated for writers that want one (torch.export):
+    ``out/model.pt2 -> out/.model.pt2.tmp-4242.pt2``. (A dump's resumable ``OUTPUT.partial`` is the exception: its
+    name must survive the process, see `elmo_cli.h5dump`.)"""
+    final = Path(final)
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}{final.suffix}")
 
 
 def publish(tmp: str | Path, path: str | Path) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from elmo_cli.tasks.model import CHAR_CNN_WIDTH, TaskModel, encode_batch
 from elmo_cli.tasks.predict import join_pieces, length_batches, predict_examples
 from vocab.chars import load_chars
 from vocab.errors import ElmoError
-from vocab.text import check_new_output, publish_dir
+from vocab.text import check_new_output, publish_dir, temporary_path
 from vocab.tokenize import SPM_FILE, TextEncoder
 
 MODEL_FILE, WORDS_FILE, LABELS_FILE, TASK_FILE = "model.onnx", "words.txt", "labels.txt", "task.json"
@@ -167,7 +166,7 @@ def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = F
         if embedder is not None:
             metadata["elmo_cli.chars"] = json.dumps(chars.to_json())
             metadata["elmo_cli.options"] = json.dumps(embedder.model.config.to_options())
-        tmp = output.with_name(f".{output.name}.partial-{os.getpid()}")
+        tmp = temporary_path(output)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:

@@ -22,7 +22,7 @@ from elmo_cli.loading import resolve_device
 from elmo_cli.tasks.features import ElmoFeatures, LayerCache
 from elmo_cli.tasks.model import TaskConfig, TaskModel
 from vocab.errors import ElmoError
-from vocab.text import publish_dir, read_json
+from vocab.text import publish_dir, read_json, temporary_path
 
 FORMAT_VERSION = 1
 
@@ -33,7 +33,7 @@ def save_task(directory: Path, model: TaskModel, metrics: dict) -> None:
     if directory.exists() and not _replaceable(directory):
         raise ElmoError(f"{directory}: exists and is not a task directory; choose another --output")
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
