@@ -56,19 +56,36 @@ def digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def measure(model: Path, tmp: Path, mode: str, k: int) -> tuple[float, str]:
-    env = {key: v for key, v in os.environ.items() if key not in REPRODUCIBLE_BLAS and key != FAST_SWITCH}
-    env.update(MODES[mode])
-    out = tmp / f"{mode}-{k}.hdf5"
+def time_dump(model: Path, tmp: Path, out: Path, env: dict[str, str], cwd: Path | None = None) -> tuple[float, str]:
+    """One fresh process: its dump seconds and the digest of what it wrote. `env` is the whole environment; `cwd`
+    (with PYTHONPATH in `env`) runs another checkout's code."""
     done = subprocess.run([sys.executable, "-c", CHILD, str(model), str(tmp / "warm.txt"), str(tmp / "text.txt"),
-                           str(out)], env=env, capture_output=True, text=True, check=True)
+                           str(out)], env=env, cwd=cwd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])["seconds"], digest(out)
 
 
-def run_shape(name: str, tmp: Path, n_tokens: int) -> dict:
+def measure(model: Path, tmp: Path, mode: str, k: int) -> tuple[float, str]:
+    env = {key: v for key, v in os.environ.items() if key not in REPRODUCIBLE_BLAS and key != FAST_SWITCH}
+    return time_dump(model, tmp, tmp / f"{mode}-{k}.hdf5", env | MODES[mode])
+
+
+def write_inputs(tmp: Path) -> int:
+    """bench_embed's 200 sentences (text.txt) and the first 8 (warm.txt) in `tmp`; returns their tokens."""
+    sentences = load_sentences()
+    (tmp / "text.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+    (tmp / "warm.txt").write_text("\n".join(" ".join(s) for s in sentences[:8]) + "\n", encoding="utf-8")
+    return sum(len(s) for s in sentences)
+
+
+def random_model(name: str, directory: Path) -> Path:
+    """A random biLM of the preset `name`'s shape (seed 0), written as a model directory."""
     torch.manual_seed(0)
-    model = tmp / name
-    save_model_dir(BiLM(PRESETS[name].config.model).eval(), model)
+    save_model_dir(BiLM(PRESETS[name].config.model).eval(), directory)
+    return directory
+
+
+def run_shape(name: str, tmp: Path, n_tokens: int) -> dict:
+    model = random_model(name, tmp / name)
     seconds: dict[str, list[float]] = {m: [] for m in MODES}
     digests: dict[str, set[str]] = {m: set() for m in MODES}
     for k in range(REPEATS):
@@ -85,14 +102,10 @@ def run_shape(name: str, tmp: Path, n_tokens: int) -> dict:
 
 def main(shapes: list[str] | None = None) -> None:
     shapes = shapes or ["small", "original"]
-    sentences = load_sentences()
-    n_tokens = sum(len(s) for s in sentences)
     command = "python -m benchmarks.bench_repeat" + (f" {' '.join(shapes)}" if shapes != ["small", "original"] else "")
     with tempfile.TemporaryDirectory() as d, Recording("repeat", command) as rec:
         tmp = Path(d)
-        (tmp / "text.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
-        (tmp / "warm.txt").write_text("\n".join(" ".join(s) for s in sentences[:8]) + "\n", encoding="utf-8")
-        rec.figures["tokens"] = n_tokens
+        rec.figures["tokens"] = n_tokens = write_inputs(tmp)
         for name in shapes:
             r = rec.figures[name] = run_shape(name, tmp, n_tokens)
             print(f"{name:>9}: strict CNR {r['repeatable']['tokens_per_s_median']:8,} tokens/s (min "
