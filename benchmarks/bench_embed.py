@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.corpora import AUSTEN_CANDIDATES
+from benchmarks.corpora import austen_novels
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.presets import PRESETS
@@ -167,7 +167,6 @@ def recurrent_step_rate(batch: int = BATCH, proj: int = 512, dim: int = 4096, re
     return 2 * batch * proj * 4 * dim * repeats / (time.perf_counter() - t) / 1e9
 
 
-CORPUS_CANDIDATES = [*AUSTEN_CANDIDATES, ROOT / "examples" / "austen_train.txt"]
 
 
 def peak_rss_mb(args: list[str]) -> tuple[float, float]:
@@ -183,7 +182,7 @@ def peak_rss_mb(args: list[str]) -> tuple[float, float]:
 
 def dump_memory(tmp: Path, lines: int = 3_200, scale: int = 10) -> dict:
     """Peak RSS of a dump of `lines` corpus lines and of `scale` times as many (fp16, layers average)."""
-    corpus = next(p for p in CORPUS_CANDIDATES if p.is_file())
+    corpus = austen_novels()
     text = [l for l in corpus.read_text("utf-8").splitlines() if l.strip()]
     scale = min(scale, len(text) // lines)
     torch.manual_seed(0)

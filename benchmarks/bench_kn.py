@@ -19,9 +19,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from benchmarks.corpora import austen_novels
+
 ROOT = Path(__file__).resolve().parents[1]
-CANDIDATES = [ROOT.parent / "shared" / "corpora" / "en_austen_tok.txt", Path("/work/shared/corpora/en_austen_tok.txt"),
-              ROOT / "examples" / "austen_train.txt"]
 ORDERS = (3, 5)
 HOLD_OUT_EVERY = 20
 MIN_COUNT = 2
@@ -61,7 +61,7 @@ def child(corpus: str, order: int) -> None:
 
 
 def main() -> None:
-    corpus = next(p for p in CANDIDATES if p.exists())
+    corpus = austen_novels()
     print(f"corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB), every {HOLD_OUT_EVERY}th line held out, "
           f"vocabulary = training types seen >= {MIN_COUNT} times")
     for order in ORDERS:

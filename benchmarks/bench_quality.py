@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.corpora import CORPORA, prepare
+from benchmarks.corpora import CORPORA, MissingCorpus, prepare
 from benchmarks.results import commit, cpu_model
 
 RESULTS = "quality.jsonl"
@@ -85,7 +85,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = args.out / RESULTS
     args.out.mkdir(parents=True, exist_ok=True)
     done = [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()] if results.is_file() else []
-    infos = {corpus: prepare(corpus, args.out / "data" / corpus) for corpus in args.corpus}  # fail fast
+    infos = {}
+    for corpus in args.corpus:  # every split first: a missing corpus is said before hours of runs, not after
+        try:
+            infos[corpus] = prepare(corpus, args.out / "data" / corpus)
+        except MissingCorpus as e:
+            print(f"skipping {corpus}: {e}", file=sys.stderr, flush=True)
     for corpus, info in infos.items():
         data = args.out / "data" / corpus
         for minutes in args.minutes:

@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CANDIDATES = [ROOT.parent / "shared" / "corpora" / "en_austen_tok.txt", Path("/work/shared/corpora/en_austen_tok.txt"),
-              ROOT / "examples" / "austen_train.txt"]
+from benchmarks.corpora import austen_novels
 
+ROOT = Path(__file__).resolve().parents[1]
 _SHARD = """
 import json, sys, time
 from vocab.shards import write_shards
@@ -54,7 +53,7 @@ def shard(corpus: Path, vocab: Path, out: Path, workers: int = 1) -> tuple[dict,
 def main() -> None:
     from vocab.vocabulary import build_vocab
 
-    corpus = next(p for p in CANDIDATES if p.exists())
+    corpus = austen_novels()
     work = Path(tempfile.mkdtemp(prefix="bench-shard-"))
     try:
         mb = corpus.stat().st_size / 1e6

@@ -3,7 +3,7 @@
 | name | text | held out | vocabulary |
 |---|---|---|---|
 | `austen-0.2M` | examples/austen_train.txt (the first novels' opening, 205k tokens) | examples/austen_heldout.txt (the start of *Emma*) | words seen twice |
-| `austen` | the six novels (shared/corpora/en_austen_tok.txt, 780k training tokens) | every 10th chapter | words seen twice |
+| `austen` | the six novels (examples/austen_novels_tok.txt.gz, 780k training tokens) | every 10th chapter | words seen twice |
 | `kjv` | the King James Bible from Debian's bible-kjv-text (public domain), verses split into words and punctuation (826k) | every 10th chapter | words seen twice |
 | `austen+kjv` | both training texts (1.6M tokens, two registers) | both held-out texts | words seen twice |
 | `zh` | 300 Tang and 100 Song poems (examples/zh_poems.txt) | every 10th line | SentencePiece, 3,000 pieces; code-point characters |
@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -22,8 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AUSTEN_CANDIDATES = [ROOT.parent / "shared" / "corpora" / "en_austen_tok.txt",
-                     Path("/work/shared/corpora/en_austen_tok.txt")]
+AUSTEN_NOVELS_GZ = ROOT / "examples" / "austen_novels_tok.txt.gz"  # the six novels, shipped (examples/README.md)
 HOLD_OUT_EVERY = 10
 CHAPTER = re.compile(r"^(CHAPTER|Chapter) [0-9IVXLC]+$")
 CAPITALS = re.compile(r"^[A-Z][A-Z ]*$")  # a title, THE END, FINIS, VOLUME I: ends the chapter it follows
@@ -32,12 +32,21 @@ WORDS = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?|\d+|[^\w\s]")
 CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh")
 
 
+def austen_novels() -> Path:
+    """The six Austen novels as plain text (one tokenized sentence per line): examples/austen_novels_tok.txt.gz,
+    unpacked once into bench-out/corpora/."""
+    path = ROOT / "bench-out" / "corpora" / "austen_novels_tok.txt"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(gzip.decompress(AUSTEN_NOVELS_GZ.read_bytes()))
+        tmp.replace(path)
+    return path
+
+
 def _austen(train: list[str], heldout: list[str]) -> None:
-    path = next((p for p in AUSTEN_CANDIDATES if p.is_file()), None)
-    if path is None:
-        sys.exit(f"bench_quality: {AUSTEN_CANDIDATES[0]} (the six Austen novels, shared/corpora) is not there")
     chapter, in_chapter = 0, False
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in austen_novels().read_text(encoding="utf-8").splitlines():
         if CHAPTER.match(line):
             chapter, in_chapter = chapter + 1, True
         elif CAPITALS.match(line):
@@ -45,9 +54,17 @@ def _austen(train: list[str], heldout: list[str]) -> None:
         (heldout if in_chapter and chapter % HOLD_OUT_EVERY == 0 else train).append(line)
 
 
+class MissingCorpus(Exception):
+    """A corpus whose text is not on this machine; the message says the command that fetches it."""
+
+
+KJV_FETCH = "apt-get install bible-kjv"
+
+
 def _kjv(train: list[str], heldout: list[str]) -> None:
     if shutil.which("bible") is None:
-        sys.exit("bench_quality: the KJV corpus needs Debian's bible-kjv package (apt-get install bible-kjv)")
+        raise MissingCorpus(f"the KJV is not on this machine (Debian's bible-kjv package; fetch it with "
+                            f"`{KJV_FETCH}`)")
     text = subprocess.run(["bible", "-f", "gen1:1-rev22:21"], check=True, capture_output=True, text=True).stdout
     split_verses(text, train, heldout)
 
