@@ -11,9 +11,10 @@ Classification, one text per line:
 
     TSV        ``label<TAB>text``, the text tokenized by the task's tokenizer (whitespace or the biLM's)
 
-Prediction input is also plain text, one sentence per line. Every reader returns `Example`s whose ``where`` is
-``file:line`` of the sentence's first line, so a later error can name it; bad input raises `ElmoError` naming
-the file and line.
+Which kind reads which format, and how, is the kind's (`kinds.TaskKind.read`, ``formats``); `read_examples` and
+`read_unlabelled` ask the kind named by ``--kind``. Prediction input is also plain text, one sentence per line.
+Every reader returns `Example`s whose ``where`` is ``file:line`` of the sentence's first line, so a later error can
+name it; bad input raises `ElmoError` naming the file and line.
 """
 from __future__ import annotations
 
