@@ -7,7 +7,8 @@
     elmo = ElmoFeatures(emb, cache=LayerCache(emb))        # a torch.nn.Module: learned ScalarMix + dropout
     vectors, mask = elmo([["The", "cat", "sat"], ["Hi"]])   # (B, T, 2P) float32, bool (B, T)
 
-Modules: formats (CoNLL, CoNLL-U, TSV readers and writers), metrics (accuracy, macro-F1, conlleval span F1),
+Modules: kinds (the task kinds: `TaskKind`, its registry `register_kind` / `get_kind`), formats (CoNLL, CoNLL-U,
+TSV readers and writers), metrics (accuracy, macro-F1, conlleval span F1),
 features (the layer cache and ElmoFeatures), model (TaskModel), train, compare (the ablation table), apply
 (evaluate and predict with a task directory), store (the task directory), vectors (GloVe / word2vec), cli
 (`task_app`, the `elmo-cli task` commands). Names are imported lazily: ``import elmo_cli.tasks`` loads no torch.
@@ -15,13 +16,14 @@ features (the layer cache and ElmoFeatures), model (TaskModel), train, compare (
 from __future__ import annotations
 
 __all__ = ["ElmoFeatures", "LayerCache", "TaskModel", "TaskConfig", "TrainSettings", "train_task", "compare",
-           "evaluate_file", "predict_file"]
+           "evaluate_file", "predict_file", "TaskKind", "register_kind", "get_kind"]
 
 _LAZY = {"ElmoFeatures": "elmo_cli.tasks.features", "LayerCache": "elmo_cli.tasks.features",
          "TaskModel": "elmo_cli.tasks.model", "TaskConfig": "elmo_cli.tasks.model",
          "TrainSettings": "elmo_cli.tasks.train", "train_task": "elmo_cli.tasks.train",
          "compare": "elmo_cli.tasks.compare", "evaluate_file": "elmo_cli.tasks.apply",
-         "predict_file": "elmo_cli.tasks.apply"}
+         "predict_file": "elmo_cli.tasks.apply", "TaskKind": "elmo_cli.tasks.kinds",
+         "register_kind": "elmo_cli.tasks.kinds", "get_kind": "elmo_cli.tasks.kinds"}
 
 
 def __getattr__(name: str):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.features import LayerCache
+from elmo_cli.tasks.kinds import TaskKind
 from elmo_cli.tasks.model import TaskModel
 from elmo_cli.tasks.predict import evaluate_examples, predict_examples
 from elmo_cli.tasks.store import load_task, read_config
@@ -63,8 +64,8 @@ def evaluate_file(task_dir: Path, test_path: Path, fmt: str = "auto", embeddings
 def predict_file(task_dir: Path, input_path: Path, output_path: Path, fmt: str = "auto",
                  embeddings: Path | None = None, batch_size: int = 64, device: str = "auto",
                  errors: str = "strict") -> dict:
-    """Label every sentence of `input_path`; write CoNLL (token TAB label) for tagging or TSV (label TAB text) for
-    classification. Returns counts (sentences, tokens, sentences split)."""
+    """Label every sentence of `input_path`; write the kind's prediction file (`write_predictions`). Returns counts
+    (sentences, tokens, sentences split)."""
     task = open_task(task_dir, embeddings, device)
     try:
         cfg = task.model.config
@@ -72,17 +73,14 @@ def predict_file(task_dir: Path, input_path: Path, output_path: Path, fmt: str =
         guess = predict_examples(task.model, examples, batch_size)
     finally:
         task.close()
-    return write_predictions(output_path, cfg.kind, examples, guess, cfg.max_length)
+    return write_predictions(output_path, cfg.task_kind, examples, guess, cfg.max_length)
 
 
-def write_predictions(output_path: Path, kind: str, examples: list[formats.Example], guess: list,
+def write_predictions(output_path: Path, kind: TaskKind, examples: list[formats.Example], guess: list,
                       max_length: int) -> dict:
-    """Write CoNLL (token TAB label) for tagging or TSV (label TAB text) for classification atomically; returns
-    counts (sentences, tokens, sentences split)."""
-    if kind == "tagging":
-        text = formats.format_tagged([(ex.tokens, labels) for ex, labels in zip(examples, guess)])
-    else:
-        text = formats.format_classified([(label, ex.tokens) for ex, label in zip(examples, guess)])
+    """Write the kind's prediction file (`TaskKind.write`: CoNLL token TAB label for tagging, TSV label TAB text
+    for classification) atomically; returns counts (sentences, tokens, sentences split)."""
+    text = kind.write(examples, guess)
     with atomic_writer(output_path) as f:
         f.write(text.encode("utf-8"))
     return {"sentences": len(examples), "tokens": sum(len(ex.tokens) for ex in examples),

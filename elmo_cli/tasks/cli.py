@@ -62,11 +62,18 @@ def _compare_table(result: dict) -> Table:
     return table
 
 
+def _accuracy_name(m: dict) -> str:
+    """What the metrics' kind calls ``accuracy`` ("token accuracy" for tagging, "accuracy" for classification)."""
+    from elmo_cli.tasks.kinds import get_kind
+
+    return get_kind(m["kind"]).accuracy_name if "kind" in m else "token accuracy"
+
+
 def _metrics_table(m: dict, title: str) -> Table:
     table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("accuracy" if m.get("kind") == "classification" else "token accuracy", _pct(m["accuracy"]))
+    table.add_row(_accuracy_name(m), _pct(m["accuracy"]))
     table.add_row("macro-F1", _pct(m["macro_f1"]))
     if m.get("span"):
         sp = m["span"]

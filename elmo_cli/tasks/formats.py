@@ -11,9 +11,10 @@ Classification, one text per line:
 
     TSV        ``label<TAB>text``, the text tokenized by the task's tokenizer (whitespace or the biLM's)
 
-Prediction input is also plain text, one sentence per line. Every reader returns `Example`s whose ``where`` is
-``file:line`` of the sentence's first line, so a later error can name it; bad input raises `ElmoError` naming
-the file and line.
+Which kind reads which format, and how, is the kind's (`kinds.TaskKind.read`, ``formats``); `read_examples` and
+`read_unlabelled` ask the kind named by ``--kind``. Prediction input is also plain text, one sentence per line.
+Every reader returns `Example`s whose ``where`` is ``file:line`` of the sentence's first line, so a later error can
+name it; bad input raises `ElmoError` naming the file and line.
 """
 from __future__ import annotations
 
@@ -25,9 +26,6 @@ from typing import Callable, Iterator
 from vocab.errors import ElmoError
 from vocab.text import read_lines
 
-KINDS = ("tagging", "classification")
-FORMATS = ("auto", "conll", "conllu", "tsv")
-PREDICT_FORMATS = ("auto", "text", "conll", "conllu", "tsv")
 CONLLU_COLUMNS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 DOCSTART = "-DOCSTART-"
 _CONLLU_ID = re.compile(r"^\d+(-\d+|\.\d+)?$")
@@ -65,10 +63,14 @@ def _first_lines(path: str | Path, n: int = 50, errors: str = "strict") -> list[
 
 
 def detect_format(path: str | Path, kind: str, errors: str = "strict") -> str:
-    """The format of a labelled file: ``tsv`` for classification; for tagging ``conllu`` when its first lines
-    are ``#`` comments or 10 tab columns with a numeric ID, else ``conll``."""
-    if kind == "classification":
-        return "tsv"
+    """The format of a labelled file, as the kind named `kind` detects it (`kinds.TaskKind.detect_format`)."""
+    from elmo_cli.tasks.kinds import get_kind
+
+    return get_kind(kind).detect_format(path, errors)
+
+
+def detect_tagging_format(path: str | Path, errors: str = "strict") -> str:
+    """``conllu`` when a file's first lines are ``#`` comments or 10 tab columns with a numeric ID, else ``conll``."""
     for line in _first_lines(path, errors=errors):
         if line.startswith("#"):
             return "conllu"
@@ -78,18 +80,24 @@ def detect_format(path: str | Path, kind: str, errors: str = "strict") -> str:
 
 
 def detect_predict_format(path: str | Path, kind: str, errors: str = "strict") -> str:
-    """Prediction input: ``conllu`` as above; ``conll`` when every non-blank line has a tab (token TAB label) or the
-    file has blank lines between blocks of several lines, all of the same 2-10 columns; ``tsv`` for classification lines with one tab;
-    else ``text`` (one sentence per line)."""
+    """Prediction input, as the kind named `kind` detects it (`kinds.TaskKind.detect_predict_format`): ``conllu``
+    as above; ``tsv`` for classification lines with one tab; tagging's as `detect_tagged_predict_format`; else
+    ``text`` (one sentence per line)."""
+    from elmo_cli.tasks.kinds import get_kind
+
+    return get_kind(kind).detect_predict_format(path, errors)
+
+
+def detect_tagged_predict_format(path: str | Path, errors: str = "strict") -> str:
+    """Tagging's prediction input: ``conllu`` as above; ``conll`` when every non-blank line has a tab (token TAB
+    label) or the file has blank lines between blocks of several lines, all of the same 2-10 columns; else
+    ``text``."""
     lines = _first_lines(path, errors=errors)
     if not lines:
         return "text"
-    if detect_format(path, "tagging", errors) == "conllu":
+    if detect_tagging_format(path, errors) == "conllu":
         return "conllu"
-    tabs = [line.count("\t") for line in lines]
-    if kind == "classification":
-        return "tsv" if all(t == 1 for t in tabs) else "text"
-    if all(t >= 1 for t in tabs):
+    if all(line.count("\t") >= 1 for line in lines):
         return "conll"
     blocks = [b for _, b in zip(range(20), _blocks(path, comments=False, errors=errors))]
     widths = {len(line.split()) for line in lines}
@@ -180,25 +188,35 @@ def read_text(path: str | Path, tokenize: Tokenize = whitespace, errors: str = "
             for _, lineno, text in read_lines([path], errors) if text.strip()]
 
 
+def read_format(path: str | Path, fmt: str, label_column: str = "upos", tokenize: Tokenize = whitespace,
+                unlabelled: bool = False, errors: str = "strict") -> list[Example]:
+    """The examples of a file in a standard format: conll, conllu, tsv, or (unlabelled) text."""
+    if fmt == "tsv":
+        return read_tsv(path, tokenize, unlabelled=unlabelled, errors=errors)
+    if fmt == "conllu":
+        return read_conllu(path, label_column, unlabelled=unlabelled, errors=errors)
+    if fmt == "conll":
+        return read_conll(path, unlabelled=unlabelled, errors=errors)
+    if fmt == "text" and unlabelled:
+        return read_text(path, tokenize, errors)
+    raise ElmoError(f"{path}: no reader for --format {fmt}")
+
+
 def read_examples(path: str | Path, kind: str, fmt: str = "auto", label_column: str = "upos",
                   tokenize: Tokenize = whitespace, errors: str = "strict") -> list[Example]:
-    """The labelled examples of a training, dev or test file; an empty file is an ElmoError."""
-    if kind not in KINDS:
-        raise ElmoError(f"--kind {kind!r}: use one of {', '.join(KINDS)}")
-    if fmt not in FORMATS:
-        raise ElmoError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    """The labelled examples of a training, dev or test file, read by the kind named `kind` in one of the formats
+    it reads; an empty file is an ElmoError."""
+    from elmo_cli.tasks.kinds import all_formats, formats_read, get_kind
+
+    task_kind = get_kind(kind)
+    if fmt != "auto" and fmt not in all_formats():
+        raise ElmoError(f"--format {fmt!r}: use one of {', '.join(('auto', *all_formats()))}")
     if not Path(path).is_file():
         raise ElmoError(f"{path}: no such file")
-    fmt = detect_format(path, kind, errors) if fmt == "auto" else fmt
-    if (kind == "classification") != (fmt == "tsv"):
-        raise ElmoError(f"{path}: --format {fmt} does not fit --kind {kind} (classification reads tsv, "
-                        f"tagging reads conll or conllu)")
-    if fmt == "tsv":
-        examples = read_tsv(path, tokenize, errors=errors)
-    elif fmt == "conllu":
-        examples = read_conllu(path, label_column, errors=errors)
-    else:
-        examples = read_conll(path, errors=errors)
+    fmt = task_kind.detect_format(path, errors) if fmt == "auto" else fmt
+    if fmt not in task_kind.formats:
+        raise ElmoError(f"{path}: --format {fmt} does not fit --kind {kind} ({formats_read()})")
+    examples = task_kind.read(path, fmt, label_column, tokenize, errors)
     if not examples:
         raise ElmoError(f"{path}: no sentences in this file (empty, or only comments and blank lines)")
     return examples
@@ -206,20 +224,17 @@ def read_examples(path: str | Path, kind: str, fmt: str = "auto", label_column: 
 
 def read_unlabelled(path: str | Path, kind: str, fmt: str = "auto", label_column: str = "upos",
                     tokenize: Tokenize = whitespace, errors: str = "strict") -> list[Example]:
-    """Prediction input: text lines, or a CoNLL / CoNLL-U / TSV file whose labels are ignored."""
-    if fmt not in PREDICT_FORMATS:
-        raise ElmoError(f"--format {fmt!r}: use one of {', '.join(PREDICT_FORMATS)}")
+    """Prediction input: text lines, or a file in a format some kind reads, its labels ignored."""
+    from elmo_cli.tasks.kinds import all_formats, get_kind
+
+    task_kind = get_kind(kind)
+    allowed = ("auto", "text", *all_formats())
+    if fmt not in allowed:
+        raise ElmoError(f"--format {fmt!r}: use one of {', '.join(allowed)}")
     if not Path(path).is_file():
         raise ElmoError(f"{path}: no such file")
-    fmt = detect_predict_format(path, kind, errors) if fmt == "auto" else fmt
-    if fmt == "conllu":
-        examples = read_conllu(path, label_column, unlabelled=True, errors=errors)
-    elif fmt == "conll":
-        examples = read_conll(path, unlabelled=True, errors=errors)
-    elif fmt == "tsv":
-        examples = read_tsv(path, tokenize, unlabelled=True, errors=errors)
-    else:
-        examples = read_text(path, tokenize, errors)
+    fmt = task_kind.detect_predict_format(path, errors) if fmt == "auto" else fmt
+    examples = task_kind.read(path, fmt, label_column, tokenize, errors, unlabelled=True)
     if not examples:
         raise ElmoError(f"{path}: no sentences in this file")
     return examples

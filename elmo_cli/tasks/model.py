@@ -42,7 +42,7 @@ ARMS = ("none", "top", "mix")
 
 @dataclass(frozen=True)
 class TaskConfig:
-    kind: str = "tagging"  # tagging | classification
+    kind: str = "tagging"  # the name of a registered `kinds.TaskKind`: tagging | classification | ...
     labels: tuple[str, ...] = ()
     words: tuple[str, ...] = (PAD, UNK)  # the embedding rows, in order
     word_counts: tuple[int, ...] = (0, 0)  # training count of each row (word dropout)
@@ -93,6 +93,13 @@ class TaskConfig:
             if key in d:
                 d[key] = tuple(d[key])
         return cls(**d)
+
+    @property
+    def task_kind(self):
+        """The registered `kinds.TaskKind` named by ``kind``."""
+        from elmo_cli.tasks.kinds import get_kind
+
+        return get_kind(self.kind)
 
     @property
     def uses_elmo(self) -> bool:
@@ -233,6 +240,7 @@ class TaskModel(nn.Module):
             if bilm is not None and features is not None:
                 features.tune(bilm)
         self.config = config
+        self.kind = config.task_kind  # pooling (`TaskKind.pool`) and, elsewhere, targets, loss, reading, writing
         self.index = {w: k for k, w in enumerate(config.words)}
         self.embed = nn.Embedding(len(config.words), config.word_dim, padding_idx=0)
         self.elmo_in, self.elmo_out = elmo_in, elmo_out
@@ -246,8 +254,8 @@ class TaskModel(nn.Module):
         self.head = nn.Linear(out_dim, len(config.labels))
         self.crf = None
         if config.crf:
-            if config.kind != "tagging":
-                raise ValueError("a CRF head is for tagging")
+            if not self.kind.per_token:
+                raise ValueError("a CRF head is for per-token kinds (tagging)")
             self.crf = CRF(len(config.labels))
             self.crf.constrain(config.labels, config.span_scheme)
         self.register_buffer("counts", torch.tensor(config.word_counts, dtype=torch.float32), persistent=False)
@@ -296,7 +304,8 @@ class TaskModel(nn.Module):
         layers : `(L+1, B, T, 2P)`, the biLM's layers (zero at padding), with ELMo.
 
         # Returns
-        logits `(B, T, C)` for tagging (the CRF's emissions when it has one) or `(B, C)` for classification.
+        logits `(B, T, C)` for a per-token kind such as tagging (the CRF's emissions when it has one) or `(B, C)`
+        for a pooled kind such as classification (`TaskKind.pool`).
         """
         mask = word_ids != 0  # (B, T)
         x = self.dropout(self.embed(word_ids))  # (B, T, E)
@@ -312,9 +321,7 @@ class TaskModel(nn.Module):
         h = self.dropout(h)
         if self.elmo_out is not None:  # ELMo' has its own dropout
             h = torch.cat([h, self.elmo_out.mix_layers(layers, mask)], dim=-1)  # (B, T, 2H + 2P)
-        if self.config.kind == "classification":
-            h = h.masked_fill(~mask.unsqueeze(-1), float("-inf")).max(dim=1).values  # (B, 2H [+ 2P])
-        return self.head(h)
+        return self.head(self.kind.pool(h, mask))  # pooled by the kind: (B, T, 2H [+ 2P]) or (B, 2H [+ 2P])
 
     def label_ids(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The predicted label ids of `scores`' logits: `(B, T)` (the CRF's Viterbi path when it has one;

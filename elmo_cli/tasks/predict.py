@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from elmo_cli.tasks.formats import Example, piece_counts, split_long
-from elmo_cli.tasks.metrics import classification_metrics, tagging_metrics
+from elmo_cli.tasks.kinds import TaskKind
 from elmo_cli.tasks.model import TaskModel
 
 
@@ -31,8 +31,8 @@ def fill_cache(model: TaskModel, sentences: list[list[str]]) -> None:
 
 @torch.no_grad()
 def piece_outputs(model: TaskModel, pieces: list[list[str]], batch_size: int = 64) -> list[torch.Tensor]:
-    """Per piece: tagging log-probabilities `(n, C)` (with a CRF: the Viterbi path's label ids `(n,)`),
-    classification `(C,)`; the model is put in eval mode."""
+    """Per piece, as `TaskKind.piece` cuts its row: tagging log-probabilities `(n, C)` (with a CRF: the Viterbi
+    path's label ids `(n,)`), classification `(C,)`; the model is put in eval mode."""
     model.eval()
     fill_cache(model, pieces)
     out: list[torch.Tensor | None] = [None] * len(pieces)
@@ -44,7 +44,7 @@ def piece_outputs(model: TaskModel, pieces: list[list[str]], batch_size: int = 6
             continue
         logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         for b, k in enumerate(batch):
-            out[k] = logp[b, : len(pieces[k])] if model.config.kind == "tagging" else logp[b]
+            out[k] = model.kind.piece(logp[b], len(pieces[k]))  # (n, C) per token, or (C,)
     return out  # type: ignore[return-value]
 
 
@@ -52,37 +52,30 @@ def predict_examples(model: TaskModel, examples: list[Example], batch_size: int 
     """Predicted labels: a list of labels per sentence (tagging) or one label per text (classification)."""
     pieces, _ = split_long(examples, model.config.max_length)
     outputs = piece_outputs(model, [p.tokens for p in pieces], batch_size)
-    return join_pieces(model.config.kind, model.config.labels, model.config.max_length, examples, outputs)
+    return join_pieces(model.kind, model.config.labels, model.config.max_length, examples, outputs)
 
 
-def join_pieces(kind: str, labels: tuple[str, ...] | list[str], max_length: int, examples: list[Example],
+def join_pieces(kind: TaskKind, labels: tuple[str, ...] | list[str], max_length: int, examples: list[Example],
                 outputs: list) -> list:
-    """Labels per example from its pieces' log-probabilities (torch or numpy, as `piece_outputs` gives them):
-    a tagging sentence its pieces' labels in order, a text the label of the highest mean over its pieces."""
+    """Labels per example from its pieces' outputs (torch or numpy, as `piece_outputs` gives them), joined by
+    `TaskKind.join`: a tagging sentence its pieces' labels in order, a text the label of the highest mean over its
+    pieces."""
     result, k = [], 0
     for n in piece_counts(examples, max_length):
-        parts = [np.asarray(p) for p in outputs[k : k + n]]
+        result.append(kind.join(labels, [np.asarray(p) for p in outputs[k : k + n]]))
         k += n
-        if kind == "tagging":
-            result.append([labels[i] for part in parts
-                           for i in (part if part.ndim == 1 else part.argmax(-1)).tolist()])
-        else:
-            result.append(labels[int(np.stack(parts).mean(0).argmax())])
     return result
 
 
 def evaluate_examples(model: TaskModel, examples: list[Example], batch_size: int = 64) -> dict:
-    """`tagging_metrics` or `classification_metrics` of the model on labelled examples, plus
+    """The kind's metrics (`TaskKind.metrics`: `tagging_metrics`, `classification_metrics`) of the model on labelled
+    examples, plus
     ``unknown_labels``: the gold labels the model never saw in training and how often they occur (always
     counted wrong)."""
     guess = predict_examples(model, examples, batch_size)
     gold = [ex.labels for ex in examples]
     known = set(model.config.labels)
-    if model.config.kind == "tagging":
-        metrics = tagging_metrics(gold, guess)
-        unknown = Counter(lab for s in gold for lab in s if lab not in known)
-    else:
-        metrics = classification_metrics(gold, guess)
-        unknown = Counter(lab for lab in gold if lab not in known)
+    metrics = model.kind.metrics(gold, guess)
+    unknown = Counter(lab for g in gold for lab in model.kind.labels_of(g) if lab not in known)
     metrics["unknown_labels"] = dict(sorted(unknown.items()))
     return metrics

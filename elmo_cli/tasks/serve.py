@@ -42,6 +42,7 @@ from torch import nn
 
 from elmo_cli.serve import ServedBiLM, char_batch, example_chars, require_serving, served_bilm, write_onnx
 from elmo_cli.tasks import formats
+from elmo_cli.tasks.kinds import get_kind
 from elmo_cli.tasks.model import CHAR_CNN_WIDTH, TaskModel, encode_batch
 from elmo_cli.tasks.predict import join_pieces, length_batches, predict_examples
 from vocab.chars import load_chars
@@ -242,13 +243,13 @@ class OnnxTask:
 
     def predict(self, examples: list[formats.Example], batch_size: int = 64) -> list:
         """Labels as `predict.predict_examples` gives them (long sentences split into pieces and joined)."""
-        max_length, kind = self.info["max_length"], self.info["kind"]
+        max_length, kind = self.info["max_length"], get_kind(self.info["kind"])
         pieces = [p.tokens for p in formats.split_long(examples, max_length)[0]]
         out: list = [None] * len(pieces)
         for batch in length_batches([len(p) for p in pieces], batch_size):
             label_ids, scores = self.run([pieces[k] for k in batch])
             for b, k in enumerate(batch):  # a tagging piece: the graph's label ids (with a CRF its Viterbi path)
-                out[k] = label_ids[b, : len(pieces[k])] if kind == "tagging" else scores[b]
+                out[k] = kind.piece(label_ids[b] if kind.per_token else scores[b], len(pieces[k]))
         return join_pieces(kind, self.labels, max_length, examples, out)
 
 
@@ -260,4 +261,5 @@ def predict_file_onnx(directory: Path, input_path: Path, output_path: Path, fmt:
     task = OnnxTask(directory, threads)
     kind = task.info["kind"]
     examples = formats.read_unlabelled(input_path, kind, fmt, task.info["label_column"], task.tokenize, errors)
-    return write_predictions(output_path, kind, examples, task.predict(examples, batch_size), task.info["max_length"])
+    guess = task.predict(examples, batch_size)
+    return write_predictions(output_path, get_kind(kind), examples, guess, task.info["max_length"])

@@ -3,9 +3,10 @@
     train_task(settings) -> TrainResult          one model, written to settings.output
     (compare.py runs `fit` once per ELMo arm on shared `TaskData` and one `LayerCache`)
 
-The loop is plain: Adam, batches of shuffled sentences (seeded), cross-entropy over real tokens (tagging) or texts
-(classification), the dev metric after every epoch, and a copy of the weights of the best epoch. Seconds per
-epoch and the biLM's seconds within them are logged, so the layer cache's effect can be measured
+The loop is plain: Adam, batches of shuffled sentences (seeded), the kind's loss (`TaskKind.loss`: cross-entropy
+over real tokens for tagging, over texts for classification), the dev metric after every epoch, and a copy of the
+weights of the best epoch. Seconds per epoch and the biLM's seconds within them are logged, so the layer cache's
+effect can be measured
 (``--no-cache`` runs the biLM on every batch of every epoch).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from elmo_cli.loading import ModelFiles, model_files, resolve_device
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.crf import count_violations, detect_span_scheme
 from elmo_cli.tasks.features import LayerCache
+from elmo_cli.tasks.kinds import TaskKind, get_kind
 from elmo_cli.tasks.metrics import primary, primary_name
 from elmo_cli.tasks.model import TaskConfig, TaskModel, build_words
 from elmo_cli.tasks.predict import evaluate_examples, fill_cache
@@ -105,23 +107,24 @@ def read_data(s: TrainSettings, tokenize: formats.Tokenize = formats.whitespace)
         if n:
             warnings.append(f"{path}: {n} sentence(s) longer than --max-length {s.max_length} split into pieces")
     if s.crf:
-        if s.kind != "tagging":
-            raise ElmoError("--crf is a tagging head: use it with --kind tagging")
+        if not get_kind(s.kind).per_token:
+            raise ElmoError("--crf is a tagging head: use it with --kind tagging (or another per-token kind)")
         scheme = detect_span_scheme([ex.labels for ex in train])
         bad = count_violations([ex.labels for ex in train], scheme)
         if bad:
             warnings.append(f"{s.train_path}: {bad} sentence(s) have label transitions that {scheme} forbids "
                             f"(trained on as they are; the CRF never predicts them)")
-    labels = _labels(train)
-    dev_only = sorted(_labels(dev) - set(labels))
+    kind = get_kind(s.kind)
+    labels = _labels(kind, train)
+    dev_only = sorted(_labels(kind, dev) - set(labels))
     if dev_only:
         warnings.append(f"{s.dev_path}: label(s) {', '.join(dev_only[:10])} absent from {s.train_path} "
                         f"(never predicted, counted wrong)")
     return TaskData(pieces, dev, tuple(sorted(labels)), warnings)
 
 
-def _labels(examples: list[formats.Example]) -> set[str]:
-    return {lab for ex in examples for lab in ([ex.labels] if isinstance(ex.labels, str) else ex.labels)}
+def _labels(kind: TaskKind, examples: list[formats.Example]) -> set[str]:
+    return {lab for ex in examples for lab in kind.labels_of(ex.labels)}
 
 
 def task_config(s: TrainSettings, data: TaskData, tokenizer: str) -> TaskConfig:
@@ -180,16 +183,10 @@ def build_model(s: TrainSettings, data: TaskData, embedder, cache: LayerCache | 
 
 
 def _loss(model: TaskModel, batch: list[formats.Example], label_index: dict[str, int]) -> torch.Tensor:
+    """The kind's loss (`TaskKind.loss`) of one batch against its targets (`TaskKind.targets`)."""
     logits, mask = model([ex.tokens for ex in batch])  # (B, T, C) or (B, C); (B, T)
-    if model.config.kind == "classification":
-        target = torch.tensor([label_index[ex.labels] for ex in batch], device=logits.device)  # (B,)
-        return nn.functional.cross_entropy(logits, target)
-    target = torch.full(mask.shape, -100, dtype=torch.long)  # (B, T); -100 = padding, ignored
-    for b, ex in enumerate(batch):
-        target[b, : len(ex.labels)] = torch.tensor([label_index[lab] for lab in ex.labels])
-    if model.crf is not None:  # the sentences' negative log-likelihood, per token like the softmax's loss
-        return model.crf.neg_log_likelihood(logits, target.clamp(min=0).to(logits.device), mask).sum() / mask.sum()
-    return nn.functional.cross_entropy(logits.flatten(0, 1), target.to(logits.device).flatten())
+    target = model.kind.targets(batch, label_index, mask.shape[1]).to(logits.device)  # (B, T) or (B,)
+    return model.kind.loss(logits, target, mask, model.crf)
 
 
 def fit(model: TaskModel, s: TrainSettings, data: TaskData,
