@@ -4,7 +4,8 @@ import itertools
 import pytest
 import torch
 
-from elmo_cli.tasks.crf import CRF, allowed_transitions, count_violations, detect_span_scheme
+from elmo_cli.tasks.crf import CRF, allowed_transitions, count_violations
+from elmo_cli.tasks.metrics import detect_span_scheme
 
 
 def _random_crf(n_labels: int, seed: int) -> CRF:

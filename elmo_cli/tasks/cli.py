@@ -84,20 +84,6 @@ def _metrics_table(m: dict, title: str) -> Table:
     return table
 
 
-def _input_layers(layers: str) -> tuple[str, str]:
-    """``--layers`` -> (arm, mixed layers): all -> (mix, all), top -> (top, all), "1,2" -> (mix, "1,2")."""
-    from elmo_cli.layers import LayerSelection
-
-    select = LayerSelection.parse(layers)
-    if select.mode == "top":
-        return "top", "all"
-    if select.mode == "indices":
-        return "mix", ",".join(map(str, select.indices))
-    if select.mode != "all":
-        raise ElmoError(f"--layers {layers!r}: the task learns its own mix; use all, top or layer indices such as 1,2")
-    return "mix", "all"
-
-
 def _settings(**kw):
     from elmo_cli.tasks.train import TrainSettings
     from elmo_cli.train_config import parse_duration
@@ -166,15 +152,14 @@ def cli_train(
     """
     with _user_errors():
         from elmo_cli.loading import model_files, set_threads
+        from elmo_cli.tasks.train import elmo_arm
 
         bilm = model is not None or options is not None or weights is not None
-        if (bilm or embeddings is not None) == no_elmo:
-            raise ElmoError("give exactly one of --model MODEL (or --embeddings F.hdf5) and --no-elmo")
+        elmo, elmo_layers = elmo_arm(layers, bilm, embeddings is not None, no_elmo)
         set_threads(threads)
         bilm_files = model_files(model, options, weights) if bilm else None
-        elmo, elmo_layers = _input_layers(layers)
         s = _settings(kind=kind, train_path=train, dev_path=dev, output=output, model_dir=bilm_files,
-                      embeddings=embeddings, elmo="none" if no_elmo else elmo, elmo_layers=elmo_layers,
+                      embeddings=embeddings, elmo=elmo, elmo_layers=elmo_layers,
                       elmo_output=elmo_output and not no_elmo, layer_norm=layer_norm, epochs=epochs, patience=patience,
                       max_time=max_time, batch_size=batch_size, lr=lr, seed=seed, word_vectors=word_vectors,
                       min_count=min_count, hidden_dim=hidden_dim, word_dim=word_dim, label_column=label_column, fmt=format,
@@ -186,29 +171,35 @@ def cli_train(
             from elmo_cli.tasks.compare import compare as run_compare
 
             on_arm = None if json_out else (lambda name: err_console.print(f"training {name}", highlight=False))
-            result = run_compare(s, test, elmo_output, on_arm, on_epoch)
-            _warn(result["warnings"])
-            if json_out:
-                print(json.dumps(result))
-            else:
-                # the table needs about 130 columns; a pipe or file gets them instead of rich's default 80
-                wide = console if console.is_terminal else Console(width=140)
-                wide.print(_compare_table(result))
+            _print_compare(run_compare(s, test, elmo_output, on_arm, on_epoch), json_out)
             return
         from elmo_cli.tasks.train import train_task
 
-        result = train_task(s, on_epoch)
-        _warn(result.warnings)
-        if json_out:
-            print(json.dumps(result.metrics))
-            return
-        m = result.metrics
-        why = {"patience": f"stopped after {m['epochs_run']} epochs, no better dev for --patience {patience}",
-               "max_time": f"stopped at --max-time after {m['epochs_run']} epochs",
-               "epochs": f"ran all {m['epochs_run']} epochs (--epochs)"}[m["stopped"]]
-        console.print(f"wrote {output}: {why}; best epoch {m['best_epoch']}, dev {m['metric']} "
-                      f"{_pct(m['dev']['span']['f1'] if m['dev'].get('span') else m['dev']['accuracy'])}; "
-                      f"ELMo {_mix_text(result.model.mix_summary())}", highlight=False)
+        _print_trained(train_task(s, on_epoch), json_out, output, patience)
+
+
+def _print_compare(result: dict, json_out: bool) -> None:
+    _warn(result["warnings"])
+    if json_out:
+        print(json.dumps(result))
+        return
+    # the table needs about 130 columns; a pipe or file gets them instead of rich's default 80
+    wide = console if console.is_terminal else Console(width=140)
+    wide.print(_compare_table(result))
+
+
+def _print_trained(result, json_out: bool, output: Path, patience: int) -> None:
+    _warn(result.warnings)
+    if json_out:
+        print(json.dumps(result.metrics))
+        return
+    m = result.metrics
+    why = {"patience": f"stopped after {m['epochs_run']} epochs, no better dev for --patience {patience}",
+           "max_time": f"stopped at --max-time after {m['epochs_run']} epochs",
+           "epochs": f"ran all {m['epochs_run']} epochs (--epochs)"}[m["stopped"]]
+    console.print(f"wrote {output}: {why}; best epoch {m['best_epoch']}, dev {m['metric']} "
+                  f"{_pct(m['dev']['span']['f1'] if m['dev'].get('span') else m['dev']['accuracy'])}; "
+                  f"ELMo {_mix_text(result.model.mix_summary())}", highlight=False)
 
 
 @command(task_app, "evaluate", "Metrics of a task model on a labelled file.")

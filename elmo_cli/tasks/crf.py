@@ -21,25 +21,6 @@ from elmo_cli.tasks.metrics import split_label
 SCHEMES = ("BIO", "IOB1", "BIOES")
 
 
-def detect_span_scheme(sequences: list[list[str]]) -> str | None:
-    """The span scheme of gold label sequences: BIOES (E-/S- labels), IOB1 (an ``I-X`` opens a chunk somewhere:
-    after ``O``, a sentence start or another type), BIO (IOB2), or None when the labels are not span labels."""
-    labels = {lab for seq in sequences for lab in seq}
-    if not labels or labels == {"O"} or not all(lab == "O" or (lab[:2] in ("B-", "I-", "E-", "S-") and
-                                                                len(lab) > 2) for lab in labels):
-        return None
-    if any(lab[0] in "ES" for lab in labels if lab != "O"):
-        return "BIOES"
-    for seq in sequences:
-        prev = "O"
-        for lab in seq:
-            tag, kind = split_label(lab)
-            if tag == "I" and (prev == "O" or split_label(prev)[1] != kind):
-                return "IOB1"
-            prev = lab
-    return "BIO"
-
-
 def allowed_transitions(labels: list[str] | tuple[str, ...], scheme: str | None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What `scheme` allows, as boolean arrays: first label ``(L,)``, ``label[i] -> label[j]`` ``(L, L)``, and last

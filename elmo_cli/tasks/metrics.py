@@ -67,6 +67,23 @@ def detect_scheme(labels: set[str] | list[str]) -> str | None:
     return "BIOES" if any(lab[0] in "ES" for lab in labels if lab != "O") else "BIO"
 
 
+def detect_span_scheme(sequences: list[list[str]]) -> str | None:
+    """The span scheme of gold label sequences, for the CRF's allowed moves: `detect_scheme`'s answer, with BIO
+    split into IOB1 (an ``I-X`` opens a chunk somewhere: after ``O``, a sentence start or another type) and BIO
+    (IOB2)."""
+    scheme = detect_scheme({lab for seq in sequences for lab in seq})
+    if scheme != "BIO":
+        return scheme
+    for seq in sequences:
+        prev = "O"
+        for lab in seq:
+            tag, kind = split_label(lab)
+            if tag == "I" and (prev == "O" or split_label(prev)[1] != kind):
+                return "IOB1"
+            prev = lab
+    return "BIO"
+
+
 def span_f1(gold: list[list[str]], guess: list[list[str]]) -> dict[str, float]:
     """conlleval's overall precision, recall and F1 (in [0, 1]) over sentences, plus the chunk counts.
 

@@ -11,15 +11,10 @@ from collections import Counter
 import numpy as np
 import torch
 
+from elmo_cli.inputs import length_sorted_batches
 from elmo_cli.tasks.formats import Example, piece_counts, split_long
 from elmo_cli.tasks.kinds import TaskKind
 from elmo_cli.tasks.model import TaskModel
-
-
-def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Positions grouped by length, longest first: ``length_batches([3, 9, 1, 8], 2) -> [[1, 3], [0, 2]]``"""
-    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
-    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
 
 
 def fill_cache(model: TaskModel, sentences: list[list[str]]) -> None:
@@ -36,7 +31,7 @@ def piece_outputs(model: TaskModel, pieces: list[list[str]], batch_size: int = 6
     model.eval()
     fill_cache(model, pieces)
     out: list[torch.Tensor | None] = [None] * len(pieces)
-    for batch in length_batches([len(p) for p in pieces], batch_size):
+    for batch in length_sorted_batches([len(p) for p in pieces], batch_size):
         logits, mask = model([pieces[k] for k in batch])  # (B, T, C) or (B, C)
         if model.crf is not None:
             for k, path in zip(batch, model.crf.decode(logits.float(), mask)):

@@ -40,11 +40,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from elmo_cli.inputs import length_sorted_batches
 from elmo_cli.serve import ServedBiLM, char_batch, example_chars, require_serving, served_bilm, write_onnx
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.kinds import get_kind
 from elmo_cli.tasks.model import CHAR_CNN_WIDTH, TaskModel, encode_batch
-from elmo_cli.tasks.predict import join_pieces, length_batches, predict_examples
+from elmo_cli.tasks.predict import join_pieces, predict_examples
 from vocab.chars import load_chars
 from vocab.errors import ElmoError
 from vocab.text import check_new_output, publish_dir, temporary_path
@@ -246,7 +247,7 @@ class OnnxTask:
         max_length, kind = self.info["max_length"], get_kind(self.info["kind"])
         pieces = [p.tokens for p in formats.split_long(examples, max_length)[0]]
         out: list = [None] * len(pieces)
-        for batch in length_batches([len(p) for p in pieces], batch_size):
+        for batch in length_sorted_batches([len(p) for p in pieces], batch_size):
             label_ids, scores = self.run([pieces[k] for k in batch])
             for b, k in enumerate(batch):  # a tagging piece: the graph's label ids (with a CRF its Viterbi path)
                 out[k] = kind.piece(label_ids[b] if kind.per_token else scores[b], len(pieces[k]))

@@ -24,15 +24,39 @@ from torch import nn
 
 from elmo_cli.loading import ModelFiles, model_files, resolve_device
 from elmo_cli.tasks import formats
-from elmo_cli.tasks.crf import count_violations, detect_span_scheme
+from elmo_cli.tasks.crf import count_violations
 from elmo_cli.tasks.features import LayerCache
 from elmo_cli.tasks.kinds import TaskKind, get_kind
-from elmo_cli.tasks.metrics import primary, primary_name
+from elmo_cli.tasks.metrics import detect_span_scheme, primary, primary_name
 from elmo_cli.tasks.model import TaskConfig, TaskModel, build_words
 from elmo_cli.tasks.predict import evaluate_examples, fill_cache
 from elmo_cli.tasks.store import build_elmo, save_task, tuned_bilm
 from elmo_cli.tasks.vectors import read_vectors
 from vocab.errors import ElmoError
+
+
+def elmo_arm(layers: str, bilm: bool, embeddings: bool, no_elmo: bool) -> tuple[str, str]:
+    """The ELMo arm of a task from what was given: exactly one of a biLM (or a file of its layers, ``embeddings``)
+    and ``no_elmo``; ``layers`` (``--layers``) picks the arm: all -> (mix, all), top -> (top, all), "1,2" ->
+    (mix, "1,2"); without ELMo ("none", "all").
+
+    # Returns
+    ``(elmo, elmo_layers)`` for `TrainSettings`.
+    """
+    from elmo_cli.layers import LayerSelection
+
+    if (bilm or embeddings) == no_elmo:
+        raise ElmoError("give exactly one of --model MODEL (or --embeddings F.hdf5) and --no-elmo")
+    if no_elmo:
+        return "none", "all"
+    select = LayerSelection.parse(layers)
+    if select.mode == "top":
+        return "top", "all"
+    if select.mode == "indices":
+        return "mix", ",".join(map(str, select.indices))
+    if select.mode != "all":
+        raise ElmoError(f"--layers {layers!r}: the task learns its own mix; use all, top or layer indices such as 1,2")
+    return "mix", "all"
 
 
 @dataclass
