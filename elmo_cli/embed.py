@@ -20,7 +20,7 @@ from elmo_cli import h5dump
 from elmo_cli.inputs import length_sorted_batches, with_boundaries
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import LoadedModel, load_model
-from elmo_cli.model.bilm import BiLM, to_model_chars
+from elmo_cli.model.bilm import BiLM, bilm_layers, to_model_chars
 from elmo_cli.model.lstm import BiLSTMKernel
 from vocab.errors import ElmoError
 
@@ -97,7 +97,11 @@ class TokenEmbeddings:
 @torch.no_grad()
 def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]], states: tuple | None = None,
                 lstm: BiLSTMKernel | None = None) -> tuple[np.ndarray, list[int], tuple | None]:
-    """Embed one batch of token lists (boundaries added here); `lstm` (stateless only) is the fast path.
+    """Embed one batch of token lists (boundaries added here): the token memo, then the biLM's one forward
+    (`bilm_layers`); `lstm` (stateless only) is the fast path.
+
+    # Parameters
+    sentences : B token lists without boundaries. states : None (zero state) or the carried states.
 
     # Returns
     layers `(L+1, B, T, 2P)` float32 numpy where sentence b's tokens are positions ``1 .. n_b`` (0 is ``<S>``),
@@ -118,11 +122,7 @@ def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]]
     emb = tokens.store.index_select(0, distinct)  # (U, P)
     x = emb[idx]  # (B, T, P)
     lengths = torch.tensor([k + 2 for k in n], device=device)
-    if states is None and lstm is not None:
-        layers, new_states = lstm(x, lengths, (emb, idx)), None
-    else:
-        shape_only = torch.empty(B, T, 0, dtype=torch.long, device=device)  # embed() reads only B, T here
-        layers, new_states = model.embed(shape_only, lengths, states=states, token_embeddings=x)
+    layers, new_states = bilm_layers(model.stacks, x, lengths, states, kernel=lstm, distinct=(emb, idx))
     return layers.float().cpu().numpy(), n, new_states
 
 

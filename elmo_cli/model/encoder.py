@@ -89,7 +89,7 @@ class TokenEncoder(nn.Module):
         n_chars = min(n_pos + self.kmax - 1, W)
         x = self.char_embedding(chars[:, :n_chars])  # (N, n_chars, E)
         x = F.pad(x, (0, 0, 0, n_pos + self.kmax - 1 - n_chars))  # (N, n_pos + kmax - 1, E)
-        windows = x.unfold(1, self.kmax, 1).reshape(N, n_pos, -1)  # (N, n_pos, E * kmax)
+        windows = x.unfold(1, self.kmax, 1).reshape(N, n_pos, x.shape[2] * self.kmax)  # (N, n_pos, E * kmax)
         conv = windows @ self.kernel_matrix()  # (N, n_pos, F)
         if n_pos > W - self.kmax + 1:  # only tokens near W characters reach positions a narrower bank lacks
             conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))
@@ -102,12 +102,13 @@ class TokenEncoder(nn.Module):
             h = hw(h)
         return self.projection(h)  # (N, P)
 
-    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None, trim: bool = True
+                         ) -> torch.Tensor:
         """Encode every distinct token once and scatter back.
 
         # Parameters
         chars : shape `(..., W)`, prediction-form ids. chunk_size bounds memory under no_grad (distinct tokens per
-        encoder call).
+        encoder call). trim : see `forward`; False (and no chunk_size) has no data-dependent Python, for export.
 
         # Returns
         shape `(..., P)`.
@@ -116,9 +117,9 @@ class TokenEncoder(nn.Module):
         flat = chars.reshape(-1, W)  # (N, W)
         distinct, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, W), (N,)
         if chunk_size and distinct.shape[0] > chunk_size and not torch.is_grad_enabled():
-            emb = torch.cat([self(part) for part in distinct.split(chunk_size)])
+            emb = torch.cat([self(part, trim) for part in distinct.split(chunk_size)])
         else:
-            emb = self(distinct)  # (U, P)
+            emb = self(distinct, trim)  # (U, P)
         # F.embedding, not emb[inverse]: indexing's backward is index_put_(accumulate=True), whose CPU kernel adds
         # repeated rows with unordered atomic float adds when threads > 1 (training then is not bit-reproducible);
         # embedding's backward sums each row in a fixed order.
