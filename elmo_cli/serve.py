@@ -66,7 +66,7 @@ class ServedBiLM(nn.Module):
         chars, lengths = add_boundaries(char_ids, mask.sum(dim=1), self.bos, self.eos)  # (B, T+2, W), (B,)
         # Each distinct token once (the padding row among them, once), all W positions: a batch's distinct tokens
         # are far fewer than its B * (T+2) positions, and the character CNN's activations are the graph's peak.
-        x = self.encoder.forward_distinct(chars, trim=False)  # (B, T+2, P)
+        x = self.encoder.forward_distinct(chars)  # (B, T+2, P)
         layers, _ = bilm_layers((self.forward_lstm, self.backward_lstm), x, lengths, scan=True)  # (L+1, B, T+2, 2P)
         out = layers.transpose(0, 1)[:, :, 1 : T + 1]  # (B, L+1, T, 2P)
         return out * mask.view(B, 1, T, 1).to(out.dtype), mask

@@ -83,16 +83,21 @@ class TokenEncoder(nn.Module):
         # the same max. For English text this cuts the 50 positions to ~15-20.
         n_pos = W
         if trim:
-            constant = (chars == chars[:, -1:]).all(dim=0)  # (W,)
-            trailing = int(constant.flip(0).long().cumprod(0).sum())  # length of the all-constant suffix
-            n_pos = min(W - trailing + 1, W)
+            varying = ((chars != chars[:, -1:]).sum(dim=0) > 0).long()  # (W,) 1 where a token differs from its end
+            last = (varying * torch.arange(1, W + 1, device=chars.device)).amax(dim=0)  # W - the constant suffix
+            if torch.compiler.is_exporting():  # a graph-level size: torch.export and ONNX keep it dynamic
+                n_pos = (last + 1).clamp(max=W).item()
+                torch._check(n_pos >= 1)
+                torch._check(n_pos <= W)
+            else:
+                n_pos = min(int(last) + 1, W)
         n_chars = min(n_pos + self.kmax - 1, W)
         x = self.char_embedding(chars[:, :n_chars])  # (N, n_chars, E)
         x = F.pad(x, (0, 0, 0, n_pos + self.kmax - 1 - n_chars))  # (N, n_pos + kmax - 1, E)
         windows = x.unfold(1, self.kmax, 1).reshape(N, n_pos, x.shape[2] * self.kmax)  # (N, n_pos, E * kmax)
         conv = windows @ self.kernel_matrix()  # (N, n_pos, F)
-        if n_pos > W - self.kmax + 1:  # only tokens near W characters reach positions a narrower bank lacks
-            conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))
+        if torch.compiler.is_exporting() or n_pos > W - self.kmax + 1:  # only tokens near W characters reach
+            conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))  # positions a narrower bank lacks
         # Training takes max: its backward routes each gradient to one position instead of masking all W x F.
         # Without gradients amax gives the same values 20x faster (no indices; measured on (256, 14, 2048)).
         pooled = conv.max(dim=1).values if torch.is_grad_enabled() else conv.amax(dim=1)
