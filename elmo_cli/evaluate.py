@@ -204,6 +204,15 @@ def _pools(lines: Iterator[Line], size: int) -> Iterator[list[Line]]:
         yield pool
 
 
+def _pool_batches(pool: list[Line], batch_size: int, stateful: bool) -> list[list[Line]]:
+    """The non-blank lines of a pool in batches: by length (stateless), or in input order (stateful: row b of each
+    batch continues row b of the previous one)."""
+    scored = [ln for ln in pool if not ln.blank]
+    if stateful:
+        return [[scored[k] for k in b] for b in input_order_batches(len(scored), batch_size)]
+    return [[scored[k] for k in b] for b in length_sorted_batches([len(ln.ids) for ln in scored], batch_size)]
+
+
 def evaluate(
     loaded: LoadedModel,
     inputs: list[str | Path],
@@ -250,14 +259,8 @@ def evaluate(
         try:
             with torch.inference_mode():
                 for pool in _pools(source.lines(), _POOL_BATCHES * batch_size):
-                    scored = [ln for ln in pool if not ln.blank]
-                    if stateful:  # input order: row b of each batch continues row b of the previous one
-                        batches = [[scored[k] for k in b] for b in input_order_batches(len(scored), batch_size)]
-                    else:
-                        batches = [[scored[k] for k in b]
-                                   for b in length_sorted_batches([len(ln.ids) for ln in scored], batch_size)]
                     results: dict[int, tuple[float, float, int]] = {}
-                    for batch in batches:
+                    for batch in _pool_batches(pool, batch_size, stateful):
                         f, b, n, states = _score_batch(loaded, softmax, batch, vocab, exclude_unk,
                                                        softmax_chunk, states)
                         for r, ln in enumerate(batch):

@@ -8,6 +8,12 @@ from torch import nn
 from elmo_cli.config import CharCNNConfig
 
 
+def exporting() -> bool:
+    """Whether `torch.export` is tracing (torch < 2.5 has no ``torch.compiler.is_exporting``: never)."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
 class Highway(nn.Module):
     """``c = sigmoid(x W_c + b_c)``, ``t = relu(x W_t + b_t)``, ``x = c * t + (1 - c) * x`` (always relu)."""
 
@@ -72,7 +78,8 @@ class TokenEncoder(nn.Module):
         # Parameters
         chars : `torch.LongTensor`, shape `(N, W)`, prediction-form character ids (0 = padding).
         trim : `bool`, optional, (default = `True`): skip the windows that read only trailing padding (see below;
-            the same values). False computes all W positions with no data-dependent size, for `torch.export`.
+            the same values); under `torch.export` the number of windows is a graph-level size (dynamic in the
+            exported graph). False computes all W positions.
 
         # Returns
         `torch.Tensor`, shape `(N, P)`: one embedding per token.
@@ -85,7 +92,7 @@ class TokenEncoder(nn.Module):
         if trim:
             varying = ((chars != chars[:, -1:]).sum(dim=0) > 0).long()  # (W,) 1 where a token differs from its end
             last = (varying * torch.arange(1, W + 1, device=chars.device)).amax(dim=0)  # W - the constant suffix
-            if torch.compiler.is_exporting():  # a graph-level size: torch.export and ONNX keep it dynamic
+            if exporting():  # a graph-level size: torch.export and ONNX keep it dynamic
                 n_pos = (last + 1).clamp(max=W).item()
                 torch._check(n_pos >= 1)
                 torch._check(n_pos <= W)
@@ -96,7 +103,7 @@ class TokenEncoder(nn.Module):
         x = F.pad(x, (0, 0, 0, n_pos + self.kmax - 1 - n_chars))  # (N, n_pos + kmax - 1, E)
         windows = x.unfold(1, self.kmax, 1).reshape(N, n_pos, x.shape[2] * self.kmax)  # (N, n_pos, E * kmax)
         conv = windows @ self.kernel_matrix()  # (N, n_pos, F)
-        if torch.compiler.is_exporting() or n_pos > W - self.kmax + 1:  # only tokens near W characters reach
+        if exporting() or n_pos > W - self.kmax + 1:  # only tokens near W characters reach
             conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))  # positions a narrower bank lacks
         # Training takes max: its backward routes each gradient to one position instead of masking all W x F.
         # Without gradients amax gives the same values 20x faster (no indices; measured on (256, 14, 2048)).

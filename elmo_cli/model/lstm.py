@@ -1,8 +1,10 @@
 """The LSTM with projection and clipping of bilm-tf, the residual stack, and the inference kernel.
 
-What lives here: `ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `BiLSTMKernel` (both
-stacks of a biLM for stateless inference, the two directions in one batched step loop), `reverse_padded` and the
-state helpers. Every recurrence here uses one gate order, bilm-tf's ``i, j, f, o``.
+What lives here: `lstm_cell` (the one cell: the layer's loop, its ``scan`` for export and the kernel all call it),
+`ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `BiLSTMKernel` (both stacks of a biLM for
+stateless inference, the two directions in one batched step loop, weights arranged by `kernel_weights`),
+`reverse_padded` (the one reversal of rows within their lengths) and the state helpers. Every recurrence here uses
+one gate order, bilm-tf's ``i, j, f, o``.
 
 One step::
 
@@ -11,8 +13,8 @@ One step::
     h_t = (sigmoid(o) * tanh(c_t)) @ W_P,                    clipped to [-proj_clip, proj_clip]
 
 The input product of all T steps is one matrix product; only the recurrence runs in the Python loop. Without
-clipping and without a mask the layer hands the whole sequence to torch's fused ``torch.lstm`` (proj_size), which
-computes the same function.
+clipping and without a mask (training an unclipped model) the layer hands the whole sequence to torch's fused
+``torch.lstm`` (proj_size), which computes the same function with torch's own cell.
 """
 from __future__ import annotations
 
@@ -172,8 +174,8 @@ class ProjectedLSTMLayer(nn.Module):
 
     def step(self, xw_t: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_rec: torch.Tensor,
              w_proj: torch.Tensor) -> State:
-        """One step of the module docstring from its input product ``xw_t (B, 4H)`` and state ``h (B, P)``,
-        ``c (B, H)``, with ``w_rec = recurrent_weight.t()`` `(P, 4H)` and ``w_proj = projection_weight.t()`` `(H, P)`.
+        """One step (`lstm_cell`) from its input product ``xw_t (B, 4H)`` and state ``h (B, P)``, ``c (B, H)``, with
+        ``w_rec = recurrent_weight.t()`` `(P, 4H)` and ``w_proj = projection_weight.t()`` `(H, P)`.
 
         # Returns
         the new ``(h (B, P), c (B, H))``.
