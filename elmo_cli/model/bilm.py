@@ -160,7 +160,8 @@ class BiLM(nn.Module):
     def embed(self, chars: torch.Tensor, lengths: torch.Tensor, states: tuple | None = None,
               token_embeddings: torch.Tensor | None = None, chunk_size: int = 4096
               ) -> tuple[torch.Tensor, tuple]:
-        """Contextual representations of a padded batch of sentences (boundaries included).
+        """Contextual representations of a padded batch of sentences (boundaries included): the character encoder
+        once per distinct token, then `bilm_layers` (the loop; callers pass the kernel to `bilm_layers` directly).
 
         # Parameters
         chars : prediction-form ids, shape `(B, T, W)`: each row `<S> w1 .. wn </S>` then padding (all 0).
