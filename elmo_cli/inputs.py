@@ -4,7 +4,6 @@ What lives here, written once for `evaluate`, `dump-embeddings`, `Embedder` and 
 - `count_lines`: the progress total of a file.
 - `Line` / `read_inputs`: every input line (text, tokenized with the model's tokenizer, or a stored shard
   sentence) with its 0-based index and its source ``file:line``.
-- `with_boundaries`: ``<S>`` and ``</S>`` around a token list (tensor batches: `model.bilm.add_boundaries`).
 - `length_sorted_batches` (stateless: rows of similar length together) and `input_order_batches` (stateful:
   row b continues row b of the previous batch).
 - `char_ids_batch`: token lists (or raw character ids) into one padded prediction-form batch, boundaries added:
@@ -16,7 +15,7 @@ from __future__ import annotations
 import gzip
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, TypeVar
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -24,8 +23,6 @@ from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 from vocab.text import STDIN, expand_paths, read_lines
 from vocab.tokenize import TextEncoder
-
-_T = TypeVar("_T")
 
 
 def count_lines(path: str | Path) -> int | None:
@@ -43,11 +40,6 @@ def count_lines(path: str | Path) -> int | None:
     except OSError:
         return None
     return n + (last != b"\n")
-
-
-def with_boundaries(tokens: Sequence[_T], bos: _T = BOS_TOKEN, eos: _T = EOS_TOKEN) -> list[_T]:
-    """``<S> tokens </S>`` (or the given boundary items, e.g. ids)."""
-    return [bos, *tokens, eos]
 
 
 @dataclass
