@@ -17,12 +17,13 @@ import numpy as np
 import torch
 
 from elmo_cli import h5dump
-from elmo_cli.inputs import length_sorted_batches, with_boundaries
+from elmo_cli.inputs import length_sorted_batches
 from elmo_cli.layers import LayerSelection
 from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.machine import bf16_problem
-from elmo_cli.model.bilm import BiLM, to_model_chars
+from elmo_cli.model.bilm import BiLM, add_boundaries, bilm_layers, to_model_chars
 from elmo_cli.model.lstm import BiLSTMKernel
+from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 
 ENCODER_CHUNK = 256  # distinct tokens per encoder call: (256, 50, F) conv activations = 100 MB at F = 2048
@@ -98,7 +99,11 @@ class TokenEmbeddings:
 @torch.no_grad()
 def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]], states: tuple | None = None,
                 lstm: BiLSTMKernel | None = None) -> tuple[np.ndarray, list[int], tuple | None]:
-    """Embed one batch of token lists (boundaries added here); `lstm` (stateless only) is the fast path.
+    """Embed one batch of token lists (boundaries added here): the token memo, then the biLM's one forward
+    (`bilm_layers`); `lstm` (stateless only) is the fast path.
+
+    # Parameters
+    sentences : B token lists without boundaries. states : None (zero state) or the carried states.
 
     # Returns
     layers `(L+1, B, T, 2P)` float32 numpy where sentence b's tokens are positions ``1 .. n_b`` (0 is ``<S>``),
@@ -106,24 +111,16 @@ def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]]
     """
     B = len(sentences)
     n = [len(s) for s in sentences]
-    T = max(n) + 2
-    flat, pos = [], []
-    for b, s in enumerate(sentences):
-        flat.extend(with_boundaries(s))
-        pos.extend(range(b * T, b * T + len(s) + 2))
     device = tokens.device
-    distinct, inverse = torch.unique(tokens.rows_of(flat), return_inverse=True)  # (U,), (N,)
-    idx = torch.zeros(B * T, dtype=torch.long, device=device)  # padding -> any distinct row
-    idx[torch.tensor(pos, device=device)] = inverse
-    idx = idx.view(B, T)
+    flat = [t for s in sentences for t in s] + [BOS_TOKEN, EOS_TOKEN]  # the running words, then the boundaries
+    distinct, inverse = torch.unique(tokens.rows_of(flat), return_inverse=True)  # (U,), (N + 2,)
+    words = torch.zeros(B, max(n), dtype=torch.long, device=device)  # padding -> any distinct row
+    n_words = torch.tensor(n, device=device)
+    words[torch.arange(max(n), device=device).unsqueeze(0) < n_words.unsqueeze(1)] = inverse[:-2]
+    idx, lengths = add_boundaries(words, n_words, inverse[-2], inverse[-1])  # (B, T) rows of <S> w1 .. wn </S>
     emb = tokens.store.index_select(0, distinct)  # (U, P)
     x = emb[idx]  # (B, T, P)
-    lengths = torch.tensor([k + 2 for k in n], device=device)
-    if states is None and lstm is not None:
-        layers, new_states = lstm(x, lengths, (emb, idx)), None
-    else:
-        shape_only = torch.empty(B, T, 0, dtype=torch.long, device=device)  # embed() reads only B, T here
-        layers, new_states = model.embed(shape_only, lengths, states=states, token_embeddings=x)
+    layers, new_states = bilm_layers(model.stacks, x, lengths, states, kernel=lstm, distinct=(emb, idx))
     return layers.float().cpu().numpy(), n, new_states
 
 

@@ -47,11 +47,11 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from elmo_cli.inputs import Inputs, Line, input_order_batches, length_sorted_batches, pad_char_batch, with_boundaries
+from elmo_cli.inputs import Inputs, Line, char_ids_batch, input_order_batches, length_sorted_batches
 from elmo_cli.loading import LoadedModel
-from elmo_cli.model.lstm import fit_states, reverse_padded
+from elmo_cli.model.bilm import add_boundaries, directions, lm_tops
+from elmo_cli.model.lstm import fit_states
 from elmo_cli.model.softmax import SharedSoftmax
-from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 from vocab.text import atomic_writer
 from vocab.vocabulary import Vocabulary
@@ -148,7 +148,7 @@ def chunked_log_probs(softmax: SharedSoftmax, h: torch.Tensor, targets: torch.Te
     return torch.cat(out) if out else h.new_zeros(0)
 
 
-def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[Line], boundary_rows: np.ndarray,
+def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[Line],
                  vocab: Vocabulary, exclude_unk: bool, chunk_size: int, states: tuple | None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None]:
     """Sum of forward and backward log-probabilities and the scored targets of each sentence of a batch.
@@ -161,28 +161,23 @@ def _score_batch(loaded: LoadedModel, softmax: SharedSoftmax, lines: list[Line],
     """
     model, device = loaded.model, loaded.device
     B = len(lines)
-    bos, eos = boundary_rows[0:1], boundary_rows[1:2]  # (1, W) each
-    rows = [np.concatenate(with_boundaries([ln.chars.astype(boundary_rows.dtype)], bos, eos)) for ln in lines]
-    chars, lengths = pad_char_batch(rows, device)  # (B, T, W), (B,); each row (n+2, W)
-    T = chars.shape[1]
-    ids = torch.zeros(B, T, dtype=torch.long)
+    chars, lengths = char_ids_batch(loaded.text.chars, [ln.chars for ln in lines], device=device)  # (B, T, W)
+    n = lengths - 2
+    words = torch.zeros(B, int(n.max()), dtype=torch.long)
     for b, ln in enumerate(lines):
-        row = with_boundaries(ln.ids.tolist(), vocab.bos_id, vocab.eos_id)
-        ids[b, : len(row)] = torch.tensor(row)
-    ids = ids.to(device)
+        words[b, : len(ln.ids)] = torch.from_numpy(ln.ids.astype(np.int64))
+    ids, _ = add_boundaries(words.to(device), n, torch.tensor(vocab.bos_id), torch.tensor(vocab.eos_id))  # (B, T)
+    T = chars.shape[1]
 
     x = model.encoder.forward_distinct(chars, 4096)  # (B, T, P)
     # Forward reads <S> w1..wn and predicts w1..wn </S>; backward reads </S> wn..w1 and predicts wn..w1 <S>.
-    fwd_in, bwd_in = x[:, : T - 1], reverse_padded(x, lengths)[:, : T - 1]  # (B, T-1, P) each
-    fwd_tg, bwd_tg = ids[:, 1:], reverse_padded(ids, lengths)[:, 1:]  # (B, T-1) each
+    carried = (fit_states(states[0], B), fit_states(states[1], B)) if states is not None else None
+    f_top, b_top, (f_new, b_new) = lm_tops(model.stacks, x, lengths, carried)  # (B, T-1, P) each
+    fwd_tg, bwd_tg = (t[:, 1:] for t in directions(ids, lengths))  # (B, T-1) each
     valid = torch.arange(T - 1, device=device).unsqueeze(0) < (lengths - 1).unsqueeze(1)  # (B, T-1)
-    mask = valid if states is not None else None  # padding must not advance a carried state
-    f_states, b_states = states if states is not None else (None, None)
-    f_out, f_new = model.forward_lstm(fwd_in, fit_states(f_states, B), mask)
-    b_out, b_new = model.backward_lstm(bwd_in, fit_states(b_states, B), mask)
 
     row = torch.arange(B, device=device).unsqueeze(1).expand(B, T - 1)[valid]  # (N,)
-    h = torch.cat([f_out[-1][valid], b_out[-1][valid]])  # (2N, P)
+    h = torch.cat([f_top[valid], b_top[valid]])  # (2N, P)
     targets = torch.cat([fwd_tg[valid], bwd_tg[valid]])  # (2N,)
     rows_both = torch.cat([row, row + B])  # backward rows offset by B
     if exclude_unk:
@@ -207,6 +202,15 @@ def _pools(lines: Iterator[Line], size: int) -> Iterator[list[Line]]:
                 pool, have = [], 0
     if pool:
         yield pool
+
+
+def _pool_batches(pool: list[Line], batch_size: int, stateful: bool) -> list[list[Line]]:
+    """The non-blank lines of a pool in batches: by length (stateless), or in input order (stateful: row b of each
+    batch continues row b of the previous one)."""
+    scored = [ln for ln in pool if not ln.blank]
+    if stateful:
+        return [[scored[k] for k in b] for b in input_order_batches(len(scored), batch_size)]
+    return [[scored[k] for k in b] for b in length_sorted_batches([len(ln.ids) for ln in scored], batch_size)]
 
 
 def evaluate(
@@ -243,7 +247,6 @@ def evaluate(
         raise ElmoError(f"softmax chunk must be at least 1, got {softmax_chunk}")
     softmax, vocab = _check_model(loaded)
     source = Inputs(inputs, loaded.text, errors)
-    boundary_rows = loaded.text.chars.encode_tokens([BOS_TOKEN, EOS_TOKEN])  # (2, W)
     progress = on_progress or (lambda done, total: None)
     model = loaded.model
     was_training = model.training
@@ -256,15 +259,9 @@ def evaluate(
         try:
             with torch.inference_mode():
                 for pool in _pools(source.lines(), _POOL_BATCHES * batch_size):
-                    scored = [ln for ln in pool if not ln.blank]
-                    if stateful:  # input order: row b of each batch continues row b of the previous one
-                        batches = [[scored[k] for k in b] for b in input_order_batches(len(scored), batch_size)]
-                    else:
-                        batches = [[scored[k] for k in b]
-                                   for b in length_sorted_batches([len(ln.ids) for ln in scored], batch_size)]
                     results: dict[int, tuple[float, float, int]] = {}
-                    for batch in batches:
-                        f, b, n, states = _score_batch(loaded, softmax, batch, boundary_rows, vocab, exclude_unk,
+                    for batch in _pool_batches(pool, batch_size, stateful):
+                        f, b, n, states = _score_batch(loaded, softmax, batch, vocab, exclude_unk,
                                                        softmax_chunk, states)
                         for r, ln in enumerate(batch):
                             results[ln.index] = (float(f[r]), float(b[r]), int(n[r]))

@@ -4,18 +4,18 @@ What lives here, written once for `evaluate`, `dump-embeddings`, `Embedder` and 
 - `count_lines`: the progress total of a file.
 - `Line` / `read_inputs`: every input line (text, tokenized with the model's tokenizer, or a stored shard
   sentence) with its 0-based index and its source ``file:line``.
-- `with_boundaries`: the one place ``<S>`` and ``</S>`` are put around a sentence.
 - `length_sorted_batches` (stateless: rows of similar length together) and `input_order_batches` (stateful:
   row b continues row b of the previous batch).
-- `pad_char_batch`: raw character ids of different lengths into one prediction-form batch (the one function here
-  that needs torch, imported inside it, so the torch-free baselines can read inputs).
+- `char_ids_batch`: token lists (or raw character ids) into one padded prediction-form batch, boundaries added:
+  the one home of character-id batches (the one function here that needs torch, imported inside it, so the
+  torch-free baselines can read inputs).
 """
 from __future__ import annotations
 
 import gzip
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -24,7 +24,8 @@ from vocab.errors import ElmoError
 from vocab.text import STDIN, expand_paths, read_lines
 from vocab.tokenize import TextEncoder
 
-_T = TypeVar("_T")
+if TYPE_CHECKING:
+    import torch
 
 
 def count_lines(path: str | Path) -> int | None:
@@ -42,11 +43,6 @@ def count_lines(path: str | Path) -> int | None:
     except OSError:
         return None
     return n + (last != b"\n")
-
-
-def with_boundaries(tokens: Sequence[_T], bos: _T = BOS_TOKEN, eos: _T = EOS_TOKEN) -> list[_T]:
-    """``<S> tokens </S>`` (or the given boundary items, e.g. ids)."""
-    return [bos, *tokens, eos]
 
 
 @dataclass
@@ -168,22 +164,34 @@ def input_order_batches(n: int, batch_size: int) -> list[list[int]]:
     return [list(range(s, min(s + batch_size, n))) for s in range(0, n, batch_size)]
 
 
-def pad_char_batch(rows: list[np.ndarray], device="cpu") -> tuple["torch.Tensor", "torch.Tensor"]:
-    """Stack raw char-id arrays of different lengths into one prediction-form batch.
+def char_ids_batch(chars, sentences: Sequence[Sequence[str] | np.ndarray], boundaries: bool = True,
+                   device="cpu") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """The one home of character-id batches: token lists into the padded prediction-form batch the model reads.
 
     # Parameters
-    rows : list of B arrays, each `(T_b, W)` raw ids (boundaries already included).
+    chars : the model's character encoder (`vocab.chars`).
+    sentences : B token lists, or raw character-id arrays `(n_b, W)` (a stored shard sentence's), without
+        ``<S>``/``</S>``.
+    boundaries : add ``<S>`` and ``</S>`` around every row (`elmo_cli.model.bilm.add_boundaries`); False gives
+        allennlp's ``batch_to_ids`` form, the input of the exported graph.
 
     # Returns
-    chars `(B, T, W)` int64 with raw + 1 and 0 as padding, and lengths `(B,)`.
-    """
-    import torch  # the only torch in this module: the baselines read inputs without it
+    ids `(B, T, W)` int64, raw + 1 (`to_model_chars`) with all-zero rows as padding, ``T = max n_b + 2`` (at least
+    1 without boundaries), and lengths `(B,)` (n_b + 2 with boundaries).
 
-    B = len(rows)
-    T = max(r.shape[0] for r in rows)
-    W = rows[0].shape[1]
-    out = np.zeros((B, T, W), dtype=np.int64)
-    for b, r in enumerate(rows):
-        out[b, : r.shape[0]] = r.astype(np.int64) + 1
-    lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.long)
-    return torch.from_numpy(out).to(device), lengths.to(device)
+    ``char_ids_batch(ByteChars(), [["a"]], boundaries=False)[0][0, 0, :4] -> [259, 98, 260, 261]``
+    """
+    import torch  # torch only inside: the baselines read inputs without it
+
+    from elmo_cli.model.bilm import add_boundaries, to_model_chars
+
+    rows = [s if isinstance(s, np.ndarray) else chars.encode_tokens(list(s)) for s in sentences]
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    T = max([len(r) for r in rows] + [0 if boundaries else 1])
+    ids = torch.zeros(len(rows), T, chars.max_chars, dtype=torch.long)
+    if int(lengths.sum()):
+        ids[torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)] = to_model_chars(np.concatenate(rows))
+    if boundaries:
+        bos, eos = to_model_chars(chars.encode_tokens([BOS_TOKEN, EOS_TOKEN]))  # (W,) each
+        ids, lengths = add_boundaries(ids, lengths, bos, eos)
+    return ids.to(device), lengths.to(device)

@@ -7,10 +7,11 @@ trace with dynamic batch and token axes:
     layers    float32 (B, L+1, T, 2P)   the token layer and each biLSTM layer, stateless (dump-embeddings --layers all)
     mask      bool (B, T)            True at the sentence's tokens
 
-The graph adds ``<S>``/``</S>`` itself, runs the character CNN on all W positions (no data-dependent trimming) and
-each LSTM layer as a ``scan`` over time (`ProjectedLSTMLayer.forward_scan`). The backward stacks read each row
-reversed within its own length (`reverse_padded`), so every sentence starts its backward pass at its own last token
-and padding never reaches a sentence's vectors.
+The graph is the biLM's one forward (`elmo_cli.model.bilm`): it adds ``<S>``/``</S>`` itself (`add_boundaries`), runs
+the character CNN once per distinct token of the batch on all W positions (no data-dependent trimming) and each
+LSTM layer as a ``scan`` over time (`ProjectedLSTMLayer.forward_scan`). The backward stacks read each row reversed
+within its own length (`directions`), so every sentence starts its backward pass at its own last token and padding
+never reaches a sentence's vectors.
 """
 from __future__ import annotations
 
@@ -24,22 +25,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from elmo_cli.inputs import char_ids_batch
 from elmo_cli.loading import LoadedModel, load_model
-from elmo_cli.model.bilm import BiLM
-from elmo_cli.model.lstm import reverse_padded
+from elmo_cli.model.bilm import BiLM, add_boundaries, bilm_layers, to_model_chars
 from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 from vocab.text import check_new_output, publish
 
 
 class ServedBiLM(nn.Module):
-    """The exportable forward of a biLM (see the module docstring).
+    """The exportable forward of a biLM (see the module docstring): `add_boundaries`, the character encoder once per
+    distinct token, `bilm_layers` with each LSTM layer as a ``scan``.
 
     # Parameters
-    model : `BiLM`, its encoder and both LSTM stacks are used as they are.
+    model : `BiLM`, its encoder and both LSTM stacks are used as they are (not its softmax).
     bos, eos : prediction-form character rows `(W,)` of ``<S>`` and ``</S>`` (the model's character encoder's).
     """
 
@@ -48,8 +49,8 @@ class ServedBiLM(nn.Module):
         self.encoder = model.encoder
         self.forward_lstm = model.forward_lstm
         self.backward_lstm = model.backward_lstm
-        self.register_buffer("bos", bos.long().view(1, 1, -1), persistent=False)  # (1, 1, W)
-        self.register_buffer("eos", eos.long().view(1, 1, -1), persistent=False)
+        self.register_buffer("bos", bos.long().view(-1), persistent=False)  # (W,)
+        self.register_buffer("eos", eos.long().view(-1), persistent=False)
 
     def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """
@@ -62,16 +63,12 @@ class ServedBiLM(nn.Module):
         """
         B, T, W = char_ids.shape
         mask = (char_ids > 0).any(dim=-1)  # (B, T)
-        lengths = mask.sum(dim=1) + 2  # (B,) with <S> and </S>
-        pos = torch.arange(T + 2, device=char_ids.device).view(1, -1, 1)  # (1, T+2, 1)
-        chars = F.pad(char_ids, (0, 0, 1, 1))  # (B, T+2, W)
-        chars = torch.where(pos == 0, self.bos, chars)
-        chars = torch.where(pos == (lengths - 1).view(B, 1, 1), self.eos, chars)
-        x = self.encoder(chars.reshape(B * (T + 2), W), trim=False).view(B, T + 2, -1)  # (B, T+2, P)
-        fwd = self.forward_lstm.forward_scan(x)  # L x (B, T+2, P)
-        bwd = [reverse_padded(o, lengths) for o in self.backward_lstm.forward_scan(reverse_padded(x, lengths))]
-        layers = [torch.cat([x, x], dim=-1)] + [torch.cat([f, b], dim=-1) for f, b in zip(fwd, bwd)]
-        out = torch.stack(layers, dim=1)[:, :, 1 : T + 1]  # (B, L+1, T, 2P)
+        chars, lengths = add_boundaries(char_ids, mask.sum(dim=1), self.bos, self.eos)  # (B, T+2, W), (B,)
+        # Each distinct token once (the padding row among them, once), all W positions: a batch's distinct tokens
+        # are far fewer than its B * (T+2) positions, and the character CNN's activations are the graph's peak.
+        x = self.encoder.forward_distinct(chars)  # (B, T+2, P)
+        layers, _ = bilm_layers((self.forward_lstm, self.backward_lstm), x, lengths, scan=True)  # (L+1, B, T+2, 2P)
+        out = layers.transpose(0, 1)[:, :, 1 : T + 1]  # (B, L+1, T, 2P)
         return out * mask.view(B, 1, T, 1).to(out.dtype), mask
 
 
@@ -99,23 +96,18 @@ def require_serving(onnx: bool = True) -> None:
 
 
 def char_batch(chars, sentences: list[list[str]]) -> np.ndarray:
-    """allennlp's ``batch_to_ids``: prediction-form ids `(B, T, W)` int64 of token lists, zero rows as padding.
+    """allennlp's ``batch_to_ids``: prediction-form ids `(B, T, W)` int64 of token lists, zero rows as padding
+    (`elmo_cli.inputs.char_ids_batch` without boundaries, as numpy).
 
     ``char_batch(ByteChars(), [["a"]])[0, 0, :4] -> [259, 98, 260, 261]``
     """
-    T = max([len(s) for s in sentences] + [1])
-    out = np.zeros((len(sentences), T, chars.max_chars), dtype=np.int64)
-    for b, s in enumerate(sentences):
-        for t, token in enumerate(s):
-            out[b, t] = chars.encode(token)
-            out[b, t] += 1
-    return out
+    return char_ids_batch(chars, sentences, boundaries=False)[0].numpy()
 
 
 def served_bilm(loaded: LoadedModel) -> ServedBiLM:
     """`ServedBiLM` of a loaded model, in eval mode on the CPU, with its character encoder's boundary rows."""
     chars = loaded.text.chars
-    bos, eos = (torch.from_numpy(chars.encode(t).astype(np.int64)) + 1 for t in (BOS_TOKEN, EOS_TOKEN))
+    bos, eos = to_model_chars(chars.encode_tokens([BOS_TOKEN, EOS_TOKEN]))  # (W,) each
     return ServedBiLM(loaded.model.cpu().eval(), bos, eos).eval()
 
 

@@ -95,3 +95,36 @@ def test_mask_carries_state_through_padding():
     _, (h3, c3) = layer(x[1:, :3], None)
     torch.testing.assert_close(h[1:], h3)
     torch.testing.assert_close(c[1:], c3)
+
+
+def test_kernel_equals_plain_loop_on_clipped_models_with_ragged_lengths():
+    """`BiLSTMKernel` (gate-major, in place, tanh via sigmoid, shrinking rows) and the layers' plain loop share one
+    cell (`lstm_cell`); on random clipped models with ragged lengths they agree within 1e-6."""
+    from elmo_cli.config import LSTMConfig
+    from elmo_cli.model.lstm import BiLSTMKernel, LSTMStack, reverse_padded
+
+    for seed, (H, P, n_layers) in enumerate([(9, 6, 2), (16, 8, 3), (12, 12, 1)]):
+        torch.manual_seed(seed)
+        config = LSTMConfig(dim=H, projection_dim=P, n_layers=n_layers, cell_clip=0.7, proj_clip=0.5)
+        stacks = LSTMStack(config), LSTMStack(config)
+        with torch.no_grad():
+            for p in [*stacks[0].parameters(), *stacks[1].parameters()]:
+                p.normal_(0.0, 0.5)
+        B, T = 5, 9
+        lengths = torch.tensor([9, 3, 6, 2, 7])
+        x = torch.randn(B, T, P)
+        start, end = torch.randn(P), torch.randn(P)
+        for b, n in enumerate(lengths.tolist()):
+            x[b, 0], x[b, n - 1] = start, end  # <S> .. </S>: the kernel's shared first step is used too
+        with torch.no_grad():
+            got = BiLSTMKernel(*stacks)(x, lengths)  # (L+1, B, T, 2P)
+            mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+            fwd, _ = stacks[0](x, mask=mask)  # a mask forces the plain loop
+            bwd, _ = stacks[1](reverse_padded(x, lengths), mask=mask)
+        clipped = 0
+        for k in range(n_layers):
+            want = torch.cat([fwd[k], reverse_padded(bwd[k], lengths)], dim=-1)
+            clipped += int((want.abs() == 0.5).sum()) if k == 0 else 0
+            for b, n in enumerate(lengths.tolist()):
+                torch.testing.assert_close(got[k + 1, b, 1 : n - 1], want[b, 1 : n - 1], atol=1e-6, rtol=0)
+        assert clipped > 0  # the projection clip binds somewhere

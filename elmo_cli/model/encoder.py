@@ -8,6 +8,12 @@ from torch import nn
 from elmo_cli.config import CharCNNConfig
 
 
+def exporting() -> bool:
+    """Whether `torch.export` is tracing (torch < 2.5 has no ``torch.compiler.is_exporting``: never)."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
 class Highway(nn.Module):
     """``c = sigmoid(x W_c + b_c)``, ``t = relu(x W_t + b_t)``, ``x = c * t + (1 - c) * x`` (always relu)."""
 
@@ -72,7 +78,8 @@ class TokenEncoder(nn.Module):
         # Parameters
         chars : `torch.LongTensor`, shape `(N, W)`, prediction-form character ids (0 = padding).
         trim : `bool`, optional, (default = `True`): skip the windows that read only trailing padding (see below;
-            the same values). False computes all W positions with no data-dependent size, for `torch.export`.
+            the same values); under `torch.export` the number of windows is a graph-level size (dynamic in the
+            exported graph). False computes all W positions.
 
         # Returns
         `torch.Tensor`, shape `(N, P)`: one embedding per token.
@@ -83,16 +90,21 @@ class TokenEncoder(nn.Module):
         # the same max. For English text this cuts the 50 positions to ~15-20.
         n_pos = W
         if trim:
-            constant = (chars == chars[:, -1:]).all(dim=0)  # (W,)
-            trailing = int(constant.flip(0).long().cumprod(0).sum())  # length of the all-constant suffix
-            n_pos = min(W - trailing + 1, W)
+            varying = ((chars != chars[:, -1:]).sum(dim=0) > 0).long()  # (W,) 1 where a token differs from its end
+            last = (varying * torch.arange(1, W + 1, device=chars.device)).amax(dim=0)  # W - the constant suffix
+            if exporting():  # a graph-level size: torch.export and ONNX keep it dynamic
+                n_pos = (last + 1).clamp(max=W).item()
+                torch._check(n_pos >= 1)
+                torch._check(n_pos <= W)
+            else:
+                n_pos = min(int(last) + 1, W)
         n_chars = min(n_pos + self.kmax - 1, W)
         x = self.char_embedding(chars[:, :n_chars])  # (N, n_chars, E)
         x = F.pad(x, (0, 0, 0, n_pos + self.kmax - 1 - n_chars))  # (N, n_pos + kmax - 1, E)
-        windows = x.unfold(1, self.kmax, 1).reshape(N, n_pos, -1)  # (N, n_pos, E * kmax)
+        windows = x.unfold(1, self.kmax, 1).reshape(N, n_pos, x.shape[2] * self.kmax)  # (N, n_pos, E * kmax)
         conv = windows @ self.kernel_matrix()  # (N, n_pos, F)
-        if n_pos > W - self.kmax + 1:  # only tokens near W characters reach positions a narrower bank lacks
-            conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))
+        if exporting() or n_pos > W - self.kmax + 1:  # only tokens near W characters reach
+            conv = conv.masked_fill(self.invalid[:n_pos], float("-inf"))  # positions a narrower bank lacks
         # Training takes max: its backward routes each gradient to one position instead of masking all W x F.
         # Without gradients amax gives the same values 20x faster (no indices; measured on (256, 14, 2048)).
         pooled = conv.max(dim=1).values if torch.is_grad_enabled() else conv.amax(dim=1)
@@ -102,12 +114,13 @@ class TokenEncoder(nn.Module):
             h = hw(h)
         return self.projection(h)  # (N, P)
 
-    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None, trim: bool = True
+                         ) -> torch.Tensor:
         """Encode every distinct token once and scatter back.
 
         # Parameters
         chars : shape `(..., W)`, prediction-form ids. chunk_size bounds memory under no_grad (distinct tokens per
-        encoder call).
+        encoder call). trim : see `forward`; False (and no chunk_size) has no data-dependent Python, for export.
 
         # Returns
         shape `(..., P)`.
@@ -116,9 +129,9 @@ class TokenEncoder(nn.Module):
         flat = chars.reshape(-1, W)  # (N, W)
         distinct, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, W), (N,)
         if chunk_size and distinct.shape[0] > chunk_size and not torch.is_grad_enabled():
-            emb = torch.cat([self(part) for part in distinct.split(chunk_size)])
+            emb = torch.cat([self(part, trim) for part in distinct.split(chunk_size)])
         else:
-            emb = self(distinct)  # (U, P)
+            emb = self(distinct, trim)  # (U, P)
         # F.embedding, not emb[inverse]: indexing's backward is index_put_(accumulate=True), whose CPU kernel adds
         # repeated rows with unordered atomic float adds when threads > 1 (training then is not bit-reproducible);
         # embedding's backward sums each row in a fixed order.

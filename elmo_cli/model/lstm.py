@@ -1,8 +1,10 @@
 """The LSTM with projection and clipping of bilm-tf, the residual stack, and the inference kernel.
 
-What lives here: `ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `BiLSTMKernel` (both
-stacks of a biLM for stateless inference, the two directions in one batched step loop), `reverse_padded` and the
-state helpers. Every recurrence here uses one gate order, bilm-tf's ``i, j, f, o``.
+What lives here: `lstm_cell` (the one cell: the layer's loop, its ``scan`` for export and the kernel all call it),
+`ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `BiLSTMKernel` (both stacks of a biLM for
+stateless inference, the two directions in one batched step loop, weights arranged by `kernel_weights`),
+`reverse_padded` (the one reversal of rows within their lengths) and the state helpers. Every recurrence here uses
+one gate order, bilm-tf's ``i, j, f, o``.
 
 One step::
 
@@ -11,8 +13,8 @@ One step::
     h_t = (sigmoid(o) * tanh(c_t)) @ W_P,                    clipped to [-proj_clip, proj_clip]
 
 The input product of all T steps is one matrix product; only the recurrence runs in the Python loop. Without
-clipping and without a mask the layer hands the whole sequence to torch's fused ``torch.lstm`` (proj_size), which
-computes the same function.
+clipping and without a mask (training an unclipped model) the layer hands the whole sequence to torch's fused
+``torch.lstm`` (proj_size), which computes the same function with torch's own cell.
 """
 from __future__ import annotations
 
@@ -61,6 +63,39 @@ def zero_states(stacks: tuple["LSTMStack", "LSTMStack"], batch_size: int, device
 def fit_both(states: tuple, batch_size: int) -> tuple:
     """`fit_states` applied to both directions of carried `(forward, backward)` states."""
     return tuple(fit_states(direction, batch_size) for direction in states)
+
+
+def lstm_cell(z: torch.Tensor, c: torch.Tensor | None, w_proj: torch.Tensor, cell_clip: float | None,
+              proj_clip: float | None, fast: bool = False, mm=torch.matmul) -> State:
+    """One step of the module docstring from its gate pre-activations: the one cell of this module, used by the
+    layer's loop (`ProjectedLSTMLayer.step`), its ``scan`` (export) and `BiLSTMKernel`.
+
+    # Parameters
+    z : ``x_t @ W_in + h_{t-1} @ W_rec + B`` with the forget bias folded in, the four gates ``i, j, f, o`` along
+        axis -3, shape `(..., 4, n, H)`.
+    c : the previous cell `(..., n, H)`, or None for the zero state (then ``c_t = sigmoid(i) * tanh(j)``).
+    w_proj : the projection `(..., H, P)`, ``projection_weight.t()``.
+    fast : the kernel's arithmetic: ``z``'s ``j`` block stored doubled, tanh computed as ``2 * sigmoid(2x) - 1``,
+        ``z`` overwritten and ``c`` updated in place (no autograd). False: out of place, torch's tanh.
+    mm : the projection's product (the kernel passes its compute-dtype product).
+
+    # Returns
+    ``(h (..., n, P), c (..., n, H))``, both clipped when the clips are set.
+    """
+    if fast:
+        i, j, f, o = z.sigmoid_().unbind(-3)
+        j.mul_(2).sub_(1)  # tanh(j) from the doubled j
+        c = i.mul_(j) if c is None else c.mul_(f).addcmul_(i, j)
+        if cell_clip is not None:
+            c.clamp_(-cell_clip, cell_clip)
+        h = mm(torch.mul(c, 2).sigmoid_().mul_(2).sub_(1).mul_(o), w_proj)  # (o * tanh(c)) @ W_P
+        return (h.clamp_(-proj_clip, proj_clip) if proj_clip is not None else h), c
+    i, j, f, o = z.unbind(-3)
+    c = torch.sigmoid(i) * torch.tanh(j) if c is None else torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
+    if cell_clip is not None:
+        c = c.clamp(-cell_clip, cell_clip)
+    h = mm(torch.sigmoid(o) * torch.tanh(c), w_proj)
+    return (h.clamp(-proj_clip, proj_clip) if proj_clip is not None else h), c
 
 
 class ProjectedLSTMLayer(nn.Module):
@@ -130,25 +165,24 @@ class ProjectedLSTMLayer(nn.Module):
 
     def input_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W_in + B`` plus the forget bias, every step at once: `(..., D)` -> `(..., 4H)`."""
-        return F.linear(x, self.input_weight, self.bias + self.forget_bias)
+        return F.linear(x, self.input_weight, self.gate_bias)
+
+    @property
+    def gate_bias(self) -> torch.Tensor:
+        """``B`` with the forget bias of +1 folded in, `(4H,)` in gate order ``i, j, f, o``."""
+        return self.bias + self.forget_bias
 
     def step(self, xw_t: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_rec: torch.Tensor,
              w_proj: torch.Tensor) -> State:
-        """One step of the module docstring from its input product ``xw_t (B, 4H)`` and state ``h (B, P)``,
-        ``c (B, H)``, with ``w_rec = recurrent_weight.t()`` `(P, 4H)` and ``w_proj = projection_weight.t()`` `(H, P)`.
+        """One step (`lstm_cell`) from its input product ``xw_t (B, 4H)`` and state ``h (B, P)``, ``c (B, H)``, with
+        ``w_rec = recurrent_weight.t()`` `(P, 4H)` and ``w_proj = projection_weight.t()`` `(H, P)`.
 
         # Returns
         the new ``(h (B, P), c (B, H))``.
         """
         z = torch.addmm(xw_t, h, w_rec)  # (B, 4H)
-        i, j, f, o = z.split(self.dim, dim=1)
-        c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
-        if self.cell_clip is not None:
-            c_new = c_new.clamp(-self.cell_clip, self.cell_clip)
-        h_new = (torch.sigmoid(o) * torch.tanh(c_new)) @ w_proj  # (B, P)
-        if self.proj_clip is not None:
-            h_new = h_new.clamp(-self.proj_clip, self.proj_clip)
-        return h_new, c_new
+        h_new, c_new = lstm_cell(z.view(-1, 4, 1, self.dim), c.unsqueeze(1), w_proj, self.cell_clip, self.proj_clip)
+        return h_new.squeeze(1), c_new.squeeze(1)
 
     def forward_scan(self, x: torch.Tensor) -> torch.Tensor:
         """The layer from zero state as one graph-level loop (torch's ``scan`` higher-order op), so that
@@ -179,7 +213,7 @@ class ProjectedLSTMLayer(nn.Module):
         H = self.dim
         perm = torch.cat([torch.arange(0, H), torch.arange(2 * H, 3 * H), torch.arange(H, 2 * H),
                           torch.arange(3 * H, 4 * H)]).to(x.device)
-        bias = (self.bias + self.forget_bias)[perm]
+        bias = self.gate_bias[perm]
         params = [self.input_weight[perm], self.recurrent_weight[perm], bias, torch.zeros_like(bias),
                   self.projection_weight]
         h0, c0 = state
@@ -239,6 +273,32 @@ class LSTMStack(nn.Module):
         return outputs
 
 
+def kernel_weights(forward: LSTMStack, backward: LSTMStack, compute_dtype: torch.dtype | None = None) -> list[tuple]:
+    """Both stacks' weights arranged for `BiLSTMKernel`, one tuple per layer: gate-major input weights
+    `(2, 4, P, H)`, the gate bias `(2, 4, 1, H)` (fp32), recurrent weights `(8, P, H)` (direction-major, then gate)
+    and projections `(2, H, P)`; the ``j`` gate's weights and bias doubled (tanh(x) = 2 sigmoid(2x) - 1, exact);
+    the products' weights in `compute_dtype` when given."""
+    H = forward.layers[0].dim
+
+    def gate_major(w: torch.Tensor) -> torch.Tensor:  # (4H, D) per direction -> (4, D, H)
+        return w.view(4, H, -1).transpose(1, 2)
+
+    cast = (lambda t: t.to(compute_dtype)) if compute_dtype is not None else (lambda t: t)
+    layers = []
+    with torch.no_grad():
+        for both in zip(forward.layers, backward.layers):
+            w_in = torch.stack([gate_major(l.input_weight) for l in both])  # (2, 4, P, H)
+            bias = torch.stack([l.gate_bias.view(4, 1, H) for l in both])  # (2, 4, 1, H)
+            w_rec = torch.stack([gate_major(l.recurrent_weight) for l in both])  # (2, 4, P, H)
+            for w in (w_in, bias, w_rec):
+                w[:, 1] *= 2  # the j gate doubled: tanh(x) = 2 sigmoid(2x) - 1
+            layers.append((
+                cast(w_in), bias, cast(w_rec.reshape(8, -1, H)),  # (8, P, H)
+                cast(torch.stack([l.projection_weight.t() for l in both]).contiguous()),  # (2, H, P)
+            ))
+    return layers
+
+
 class BiLSTMKernel:
     """Both LSTM stacks of a biLM for stateless inference, the two directions computed together.
 
@@ -265,25 +325,7 @@ class BiLSTMKernel:
         self.cell_clip, self.proj_clip = first.cell_clip, first.proj_clip
         self.dtype = compute_dtype
         self._buffer: torch.Tensor | None = None
-        H = self.H
-
-        def gate_major(w: torch.Tensor) -> torch.Tensor:  # (4H, D) per direction -> (4, D, H)
-            return w.view(4, H, -1).transpose(1, 2)
-
-        cast = (lambda t: t.to(compute_dtype)) if compute_dtype is not None else (lambda t: t)
-        self.layers = []
-        with torch.no_grad():
-            for fl, bl in zip(forward.layers, backward.layers):
-                both = (fl, bl)
-                w_in = torch.stack([gate_major(l.input_weight) for l in both])  # (2, 4, P, H)
-                bias = torch.stack([(l.bias + l.forget_bias).view(4, 1, H) for l in both])  # (2, 4, 1, H)
-                w_rec = torch.stack([gate_major(l.recurrent_weight) for l in both])  # (2, 4, P, H)
-                for w in (w_in, bias, w_rec):
-                    w[:, 1] *= 2  # the j gate doubled: tanh(x) = 2 sigmoid(2x) - 1
-                self.layers.append((
-                    cast(w_in), bias, cast(w_rec.reshape(8, -1, H)),  # (8, P, H)
-                    cast(torch.stack([l.projection_weight.t() for l in both]).contiguous()),  # (2, H, P)
-                ))
+        self.layers = kernel_weights(forward, backward, compute_dtype)
 
     def _workspace(self, numel: int, device: torch.device) -> torch.Tensor:
         """The input products of a batch, `numel` floats, in one buffer kept for the next batch: the largest
@@ -376,7 +418,7 @@ class BiLSTMKernel:
         c = xw.new_zeros(2, B, H)
         start, h_first = 0, None
         if same_start and T > 1 and active[0] > 0:  # from zero state: no recurrent product, c = i * j
-            c1, h_first = self._cell(xw[:, :, 0, :1].clone(), None, w_proj)  # (2, 1, H), (2, 1, P)
+            h_first, c1 = self._cell(xw[:, :, 0, :1].clone(), None, w_proj)  # (2, 1, H), (2, 1, P)
             c.copy_(c1.expand(2, B, H))
             out[:, 0, : active[0]] = h_first
             start = 1
@@ -393,21 +435,11 @@ class BiLSTMKernel:
                     z.view(8, n, H).baddbmm_(h_rep, w_rec)
                 else:
                     z.view(8, n, H).add_(self._mm(h_rep, w_rec))
-            c, h = self._cell(z, c[:, :n], w_proj)
+            h, c = self._cell(z, c[:, :n], w_proj)
             out[:, t, :n] = h
         return out
 
-    def _cell(self, z: torch.Tensor, c: torch.Tensor | None, w_proj: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step's gates ``z (2, 4, n, H)`` (j doubled; overwritten) and cell ``c (2, n, H)`` (updated in place;
-        None for zero) -> the new cell and the projected output ``h (2, n, P)``."""
-        i, j, f, o = z.sigmoid_().unbind(1)
-        j.mul_(2).sub_(1)  # tanh of the j gate
-        c = i.mul_(j) if c is None else c.mul_(f).addcmul_(i, j)
-        if self.cell_clip is not None:
-            c.clamp_(-self.cell_clip, self.cell_clip)
-        out = torch.mul(c, 2).sigmoid_().mul_(2).sub_(1).mul_(o)  # o * tanh(c)
-        h = self._mm(out, w_proj)  # (2, n, P)
-        if self.proj_clip is not None:
-            h.clamp_(-self.proj_clip, self.proj_clip)
-        return c, h
+    def _cell(self, z: torch.Tensor, c: torch.Tensor | None, w_proj: torch.Tensor) -> State:
+        """`lstm_cell` in the kernel's arithmetic: ``z (2, 4, n, H)`` (j doubled; overwritten), ``c (2, n, H)``
+        (updated in place; None for zero) -> ``h (2, n, P)``, ``c``."""
+        return lstm_cell(z, c, w_proj, self.cell_clip, self.proj_clip, fast=True, mm=self._mm)

@@ -175,11 +175,11 @@ def pad_layers(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
 def tuned_layers(bilm, chars, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
     """The layers of a biLM being fine-tuned, with gradients: `(L+1, B, T, 2P)` (the words only, zero at padding)
     and the mask `(B, T)`; the same values as the frozen path's for the same weights."""
-    from elmo_cli.inputs import pad_char_batch, with_boundaries
+    from elmo_cli.inputs import char_ids_batch
 
     device = next(bilm.parameters()).device
-    ids, lengths = pad_char_batch([chars.encode_tokens(with_boundaries(list(s))) for s in sentences], device)
-    layers, _ = bilm.embed(ids, lengths)  # (L+1, B, T + 2, 2P) with <S> and </S>
+    ids, lengths = char_ids_batch(chars, sentences, device=device)  # (B, T + 2, W) with <S> and </S>
+    layers, _ = bilm.embed(ids, lengths)  # (L+1, B, T + 2, 2P)
     T = max(1, max(len(s) for s in sentences))
     mask = torch.arange(T, device=device).unsqueeze(0) < (lengths - 2).unsqueeze(1)  # (B, T)
     words = layers[:, :, 1 : T + 1]
