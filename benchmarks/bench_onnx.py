@@ -100,7 +100,7 @@ def bench_shape(name: str, work: Path) -> None:
     from elmo_cli.bilm_format import save_model_dir
     from elmo_cli.model.bilm import BiLM
     from elmo_cli.presets import PRESETS
-    from elmo_cli.serve import export_bilm
+    from elmo_cli.graph_export import export_bilm
 
     torch.manual_seed(0)
     model_dir = work / name

@@ -459,7 +459,7 @@ def cli_export(
         from elmo_cli.export import export_model
 
         if format != "dir":
-            from elmo_cli.serve import export_bilm
+            from elmo_cli.graph_export import export_bilm
 
             path = export_bilm(output, format, model, options, weights, force)
             console.print(f"exported {path} ({format}, {path.stat().st_size / 1e6:.1f} MB)", highlight=False)

@@ -265,7 +265,7 @@ def cli_predict(
             raise ElmoError("give exactly one of --task DIR and --onnx DIR")
         set_threads(threads)
         if onnx is not None:
-            from elmo_cli.tasks.serve import predict_file_onnx
+            from elmo_cli.tasks.graph_export import predict_file_onnx
 
             r = predict_file_onnx(onnx, input, output, format, batch_size, threads, errors)
         else:
@@ -291,7 +291,7 @@ def cli_export(
     Example: `elmo-cli task export --task upos/ --format onnx --output upos-onnx/`
     """
     with _user_errors():
-        from elmo_cli.tasks.serve import export_task
+        from elmo_cli.tasks.graph_export import export_task
 
         names = export_task(task, output, format, force)
         console.print(f"exported {output}: {', '.join(names)}", highlight=False)

@@ -11,8 +11,8 @@ C number of labels.
 
 One forward for every use: `encode_batch` turns token lists into id tensors (the only place that does), and
 `TaskModel.scores` runs the model on them plus the biLM's layers; `TaskModel.forward` (training, `task predict`)
-calls it with the layer cache's or the fine-tuned biLM's layers, and the exported graph (`tasks/serve.py`) with
-`ServedBiLM`'s. `TaskModel.label_ids` turns its logits into labels (argmax, or the CRF's `viterbi`). With
+calls it with the layer cache's or the fine-tuned biLM's layers, and the exported graph (`tasks/graph_export.py`) with
+`BiLMGraph`'s. `TaskModel.label_ids` turns its logits into labels (argmax, or the CRF's `viterbi`). With
 ``char_cnn`` the word side is ``[word_k ; CharCNN(chars_k)]`` (B, T, E + 50); with ``crf`` the logits are the
 CRF's emission scores. Loops over time (the export's BiLSTM, Viterbi) go through `time_loop`.
 
@@ -152,17 +152,17 @@ def encode_batch(sentences: list[list[str]], index: dict[str, int], char_cnn: bo
     `char_cnn` also ``word_chars`` int64 `(B, T, 24)`: each word's UTF-8 bytes by allennlp's ``batch_to_ids`` rule
     (begin-of-word 259, the first 22 bytes each + 1, end-of-word 260, then 261), zero rows at padding.
     """
+    from elmo_cli.inputs import char_ids_batch
     from vocab.chars import ByteChars
 
     T = max(1, max(len(s) for s in sentences))
     words = np.zeros((len(sentences), T), dtype=np.int64)
-    chars = np.zeros((len(sentences), T, CHAR_CNN_WIDTH), dtype=np.int64) if char_cnn else None
-    encoder = ByteChars(CHAR_CNN_WIDTH)
     for b, s in enumerate(sentences):
         words[b, : len(s)] = [index.get(t, 1) for t in s]
-        if chars is not None and s:
-            chars[b, : len(s)] = encoder.encode_tokens(s).astype(np.int64) + 1
-    return {"word_ids": words, **({"word_chars": chars} if chars is not None else {})}
+    if not char_cnn:
+        return {"word_ids": words}
+    chars = char_ids_batch(ByteChars(CHAR_CNN_WIDTH), sentences, boundaries=False)[0].numpy()  # (B, T, 24)
+    return {"word_ids": words, "word_chars": chars}
 
 
 class CharCNN(nn.Module):

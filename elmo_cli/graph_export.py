@@ -1,17 +1,19 @@
-"""Serving: the biLM as one graph, from allennlp's character ids to every layer, for ONNX and `torch.export`.
+"""`export --format onnx|torch-export`: the biLM as one graph, from allennlp's character ids to every layer.
 
-`ServedBiLM` wraps a loaded `BiLM` (its own modules and weights, nothing copied) in a forward that export can
+`BiLMGraph` wraps a loaded `BiLM` (its own modules and weights, nothing copied) in a forward that export can
 trace with dynamic batch and token axes:
 
-    char_ids  int64 (B, T, W)        allennlp's ``batch_to_ids``: raw ids of spec §2 plus 1, all-zero rows = padding
+    char_ids  int64 (B, T, W)        allennlp's ``batch_to_ids``: raw ids (docs/formats.md, Character ids) + 1,
+                                     all-zero rows = padding
     layers    float32 (B, L+1, T, 2P)   the token layer and each biLSTM layer, stateless (dump-embeddings --layers all)
     mask      bool (B, T)            True at the sentence's tokens
 
 The graph is the biLM's one forward (`elmo_cli.model.bilm`): it adds ``<S>``/``</S>`` itself (`add_boundaries`), runs
-the character CNN once per distinct token of the batch on all W positions (no data-dependent trimming) and each
-LSTM layer as a ``scan`` over time (`ProjectedLSTMLayer.forward_scan`). The backward stacks read each row reversed
-within its own length (`directions`), so every sentence starts its backward pass at its own last token and padding
-never reaches a sentence's vectors.
+the character CNN once per distinct token of the batch, over the character positions up to the batch's longest
+token (both sizes the graph keeps dynamic), and each LSTM layer as a ``scan`` over time
+(`ProjectedLSTMLayer.forward_scan`). The backward stacks read each row reversed within its own length
+(`directions`), so every sentence starts its backward pass at its own last token and padding never reaches a
+sentence's vectors.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from vocab.errors import ElmoError
 from vocab.text import check_new_output, publish
 
 
-class ServedBiLM(nn.Module):
+class BiLMGraph(nn.Module):
     """The exportable forward of a biLM (see the module docstring): `add_boundaries`, the character encoder once per
     distinct token, `bilm_layers` with each LSTM layer as a ``scan``.
 
@@ -104,11 +106,11 @@ def char_batch(chars, sentences: list[list[str]]) -> np.ndarray:
     return char_ids_batch(chars, sentences, boundaries=False)[0].numpy()
 
 
-def served_bilm(loaded: LoadedModel) -> ServedBiLM:
-    """`ServedBiLM` of a loaded model, in eval mode on the CPU, with its character encoder's boundary rows."""
+def bilm_graph(loaded: LoadedModel) -> BiLMGraph:
+    """`BiLMGraph` of a loaded model, in eval mode on the CPU, with its character encoder's boundary rows."""
     chars = loaded.text.chars
     bos, eos = to_model_chars(chars.encode_tokens([BOS_TOKEN, EOS_TOKEN]))  # (W,) each
-    return ServedBiLM(loaded.model.cpu().eval(), bos, eos).eval()
+    return BiLMGraph(loaded.model.cpu().eval(), bos, eos).eval()
 
 
 def bilm_metadata(loaded: LoadedModel) -> dict[str, str]:
@@ -200,7 +202,7 @@ def export_bilm(output: Path, fmt: str, model_dir: Path | None = None, options: 
     check_new_output(output, force)
     require_serving(onnx=fmt == "onnx")
     loaded = load_model(model_dir, options, weights, "cpu")
-    module = served_bilm(loaded)
+    module = bilm_graph(loaded)
     example = (example_chars(loaded.text.chars),)
     dynamic = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("tokens")},)
     tmp = temporary_name(output)

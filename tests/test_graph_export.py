@@ -22,7 +22,7 @@ from elmo_cli.cli import app
 from elmo_cli.embed import Embedder
 from elmo_cli.model import BiLM
 from elmo_cli.presets import PRESETS
-from elmo_cli.serve import char_batch, read_metadata
+from elmo_cli.graph_export import char_batch, read_metadata
 from elmo_cli.tasks.cli import task_app
 from elmo_cli.tasks.train import TrainSettings, train_task
 from vocab.chars import ByteChars
@@ -314,17 +314,17 @@ def test_every_tagger_exports_and_gives_the_pytorch_labels(toy, tmp_path, head):
 
 
 def test_task_export_refuses_a_graph_that_does_not_give_the_pytorch_labels(toy, tmp_path, monkeypatch):
-    from elmo_cli.tasks.serve import ServedTask
+    from elmo_cli.tasks.graph_export import TaskGraph
 
     task = tmp_path / "src"
     _train_tiny(toy, task, HEADS["crf"], epochs=1)
-    real = ServedTask.forward
+    real = TaskGraph.forward
 
     def wrong(self, *inputs):  # a graph that labels every token one label further on
         label_ids, scores = real(self, *inputs)
         return (label_ids + 1) % scores.shape[-1], scores
 
-    monkeypatch.setattr(ServedTask, "forward", wrong)
+    monkeypatch.setattr(TaskGraph, "forward", wrong)
     r, _ = _run(task_app, "export", "--task", task, "--format", "onnx", "-o", tmp_path / "out")
     _one_line_error(r, "labels other than the PyTorch model's", "nothing written", "task predict --task")
     assert not [p.name for p in tmp_path.iterdir() if not p.name.startswith(("src", "spans"))]

@@ -1,8 +1,8 @@
 """`task export --format onnx` and `task predict --onnx`: a whole task model as one ONNX graph, run by onnxruntime.
 
-Every task model exports (plain, `--crf`, `--char-cnn`, `--fine-tune-bilm`, any mix): the graph (`ServedTask`) runs
+Every task model exports (plain, `--crf`, `--char-cnn`, `--fine-tune-bilm`, any mix): the graph (`TaskGraph`) runs
 `TaskModel.scores` and `TaskModel.label_ids`, the code `task train` and `task predict` run, with the biLM inside as
-`elmo_cli.serve.ServedBiLM` (a `--fine-tune-bilm` model's own tuned copy). The exported directory::
+`elmo_cli.graph_export.BiLMGraph` (a `--fine-tune-bilm` model's own tuned copy). The exported directory::
 
     model.onnx    inputs, in this order, those the model uses:
                     char_ids   int64 (B, T, W)  the biLM's characters (allennlp batch_to_ids, as for the biLM's
@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from elmo_cli.inputs import length_sorted_batches
-from elmo_cli.serve import ServedBiLM, char_batch, example_chars, require_serving, served_bilm, write_onnx
+from elmo_cli.graph_export import BiLMGraph, char_batch, example_chars, require_serving, bilm_graph, write_onnx
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.kinds import get_kind
 from elmo_cli.tasks.model import CHAR_CNN_WIDTH, TaskModel, encode_batch
@@ -54,17 +54,17 @@ from vocab.tokenize import SPM_FILE, TextEncoder
 MODEL_FILE, WORDS_FILE, LABELS_FILE, TASK_FILE = "model.onnx", "words.txt", "labels.txt", "task.json"
 
 
-class ServedTask(nn.Module):
+class TaskGraph(nn.Module):
     """The exported graph: `TaskModel.scores` and `TaskModel.label_ids` (eval mode; the code `task train` and
-    `task predict` run) on the graph's inputs, the biLM inside as `ServedBiLM` (the task's fine-tuned copy when
+    `task predict` run) on the graph's inputs, the biLM inside as `BiLMGraph` (the task's fine-tuned copy when
     it has one).
 
     # Parameters
     model : `TaskModel`, used as it is.
-    bilm : `ServedBiLM`, optional: the biLM, when the task uses ELMo.
+    bilm : `BiLMGraph`, optional: the biLM, when the task uses ELMo.
     """
 
-    def __init__(self, model: TaskModel, bilm: ServedBiLM | None):
+    def __init__(self, model: TaskModel, bilm: BiLMGraph | None):
         super().__init__()
         self.task, self.bilm = model.eval(), bilm
         self.names = ((["char_ids"] if bilm is not None else []) + ["word_ids"] +
@@ -87,13 +87,13 @@ class ServedTask(nn.Module):
         return self.task.label_ids(logits, word_ids != 0), torch.log_softmax(logits, dim=-1)
 
 
-def _graph(model: TaskModel, embedder, chars) -> tuple[ServedTask, tuple, dict]:
+def _graph(model: TaskModel, embedder, chars) -> tuple[TaskGraph, tuple, dict]:
     """The module to export, its example inputs and the dynamic axes, per input named in ``module.names``."""
     bilm = None
     if embedder is not None:  # the task's own fine-tuned copy of the biLM, else the frozen one
         loaded = embedder.loaded if model.bilm is None else dataclasses.replace(embedder.loaded, model=model.bilm)
-        bilm = served_bilm(loaded)
-    module = ServedTask(model, bilm)
+        bilm = bilm_graph(loaded)
+    module = TaskGraph(model, bilm)
     sentences = [["The", "cat", "sat"], ["A", "dog"]]
     ids = {k: torch.from_numpy(v) for k, v in encode_batch(sentences, model.index, model.char_cnn is not None).items()}
     if embedder is not None:
