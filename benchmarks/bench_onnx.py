@@ -3,7 +3,7 @@
 
 bench_embed's Austen sentences (about 25 tokens each; all 200 at batch 64, the first 50 at batch 1), random weights
 in the published `small` and `original` shapes, every layer (`--layers all`), 2 threads, batches in the same
-length-sorted order for both. Each side runs in its own fresh process, so that its peak RSS (ru_maxrss, model
+length-sorted order for both. Each side runs in its own fresh process, so that its peak RSS (VmHWM, model
 loading included) is its own; the onnxruntime process imports neither torch nor elmo_cli (character ids from the
 torch-free `vocab` package). In each process: one warm-up batch, then REPEATS timed passes over all the batches;
 min and median tokens/s of the passes. Before the figures, both sides' vectors of the first 16 sentences are checked
@@ -63,7 +63,20 @@ def child(side: str, model: str, plan_path: str, out_path: str) -> None:
     if side == "onnx":
         assert "torch" not in sys.modules and "elmo_cli" not in sys.modules
     np.savez(out_path, **{str(k): v for k, v in keep.items()})
-    print(json.dumps({"tokens_per_s": rates, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"tokens_per_s": rates, "peak_rss_mb": peak_rss_mb()}))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: VmHWM of /proc/self/status, the high-water mark of this program's
+    own address space. Not ru_maxrss: Linux carries that over from the parent through fork and exec, so a child of
+    a large benchmark process would report at least the parent's size."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _elmo_side(model: str):
