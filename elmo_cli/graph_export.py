@@ -21,7 +21,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 import warnings
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.model.bilm import BiLM, add_boundaries, bilm_layers, to_model_chars
 from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
-from vocab.text import check_new_output, publish
+from vocab.text import check_new_output, publish, temporary_path
 
 
 class BiLMGraph(nn.Module):
@@ -147,11 +146,6 @@ def _quiet():
         logger.setLevel(level)
 
 
-def temporary_name(output: Path) -> Path:
-    """Where `output` is built: hidden beside it, the suffix kept (torch.export.save wants ``.pt2``)."""
-    return output.with_name(f".{output.stem}.partial-{os.getpid()}{output.suffix}")
-
-
 def write_onnx(module: nn.Module, args: tuple, names: tuple[list[str], list[str]], dynamic: tuple,
                metadata: dict[str, str], path: Path) -> None:
     """`torch.onnx.export` (the dynamo exporter: `torch.export` then ONNX; the ``scan`` loops become ONNX
@@ -205,7 +199,7 @@ def export_bilm(output: Path, fmt: str, model_dir: Path | None = None, options: 
     module = bilm_graph(loaded)
     example = (example_chars(loaded.text.chars),)
     dynamic = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("tokens")},)
-    tmp = temporary_name(output)
+    tmp = temporary_path(output)
     try:
         if fmt == "onnx":
             write_onnx(module, example, (["char_ids"], ["layers", "mask"]), dynamic, bilm_metadata(loaded), tmp)
