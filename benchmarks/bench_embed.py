@@ -14,7 +14,6 @@ first 3,200 lines of the Austen corpus and on the first 32,000 (ten times the in
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.corpora import austen_novels
+from benchmarks.results import run_measured
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.presets import PRESETS
@@ -170,14 +170,9 @@ def recurrent_step_rate(batch: int = BATCH, proj: int = 512, dim: int = 4096, re
 
 
 def peak_rss_mb(args: list[str]) -> tuple[float, float]:
-    """Run `elmo-cli ARGS` in a fresh process; its wall seconds and peak RSS in MB (ru_maxrss of that child)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "from elmo_cli.cli import app; app()", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"elmo-cli {' '.join(args)} failed: {proc.stderr.read().decode()[-500:]}")
-    return time.perf_counter() - t, usage.ru_maxrss / 1024
+    """Run `elmo-cli ARGS` in a fresh process; its wall seconds and its own peak RSS in MB (VmHWM)."""
+    _, wall, peak = run_measured(["-c", "from elmo_cli.cli import app; app()", *args])
+    return wall, peak
 
 
 def dump_memory(tmp: Path, lines: int = 3_200, scale: int = 10) -> dict:

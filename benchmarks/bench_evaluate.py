@@ -1,7 +1,7 @@
 """Evaluation with an 800k-word full softmax: tokens/s and peak memory, against what dense logits would need.
 
-The evaluation runs in a child process (a fresh interpreter, so its peak RSS is its own; read back with
-``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss``). The model is random: a small character encoder and LSTM
+The evaluation runs in a child process (a fresh interpreter, so its peak RSS is its own: VmHWM,
+`benchmarks.results.own_peak_rss_mb`). The model is random: a small character encoder and LSTM
 (the softmax dominates the work) with projection P = 512 and V = 800,000 output words, as the published
 1B-Word model. The child reports its RSS after building the model, so the evaluation's own working memory
 (peak - after build) can be set against the logits an unchunked softmax of the largest batch would hold.
@@ -11,12 +11,13 @@ The evaluation runs in a child process (a fresh interpreter, so its peak RSS is 
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.results import own_peak_rss_mb
 
 VOCAB_SIZE = 800_000
 PROJECTION_DIM = 512
@@ -49,11 +50,11 @@ def child(text_path: str) -> None:
     vocab = Vocabulary(["<S>", "</S>", "<UNK>"] + [f"w{i}" for i in range(VOCAB_SIZE - 3)])
     model = BiLM(config, vocab_size=VOCAB_SIZE).eval()
     loaded = LoadedModel(model, TextEncoder(vocab), None, torch.device("cpu"))
-    rss_after_build = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss_after_build = own_peak_rss_mb() * 2**20
     start = time.perf_counter()
     r = evaluate(loaded, [text_path], batch_size=BATCH_SIZE)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = own_peak_rss_mb() * 2**20
     print(json.dumps({"rss_after_build": rss_after_build, "peak": peak, "seconds": seconds, "tokens": r.tokens,
                       "sentences": r.sentences, "average_perplexity": r.average_perplexity,
                       "threads": torch.get_num_threads()}))
@@ -70,18 +71,14 @@ def main() -> None:
         lines = [" ".join(f"w{min(int(rng.paretovariate(0.8)) - 1, VOCAB_SIZE - 4)}" for _ in range(n))
                  for n in lengths]
         text.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_evaluate", "--child", str(text)],
                               capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise RuntimeError(f"evaluation child failed:\n{proc.stderr}")
-        children_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    # RUSAGE_CHILDREN is the largest child so far in this process (make bench runs several benchmarks), so it is
-    # this child's peak only when it grew; the child's own RUSAGE_SELF figure is exact either way.
-    peak = children_peak if children_peak > before * 1024 else got["peak"]
+    peak = got["peak"]  # the child's own high-water mark (VmHWM), not ru_maxrss (inherited from this process)
     # The largest batch of the length-sorted run: BATCH_SIZE longest sentences, n + 1 targets each, both directions.
     biggest = 2 * sum(n + 1 for n in sorted(lengths, reverse=True)[:BATCH_SIZE])
     dense = biggest * VOCAB_SIZE * 4

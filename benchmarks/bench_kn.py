@@ -2,7 +2,7 @@
 
 Every 20th line of the corpus is held out; the vocabulary is the training lines' types seen at least twice
 (bilm-tf order, specials first), so held-out words outside it are ``<UNK>``. For each order (3 and 5) a fresh
-child process (so its peak RSS is its own, ``resource.getrusage(RUSAGE_SELF).ru_maxrss``) reads and encodes the
+child process (so its peak RSS is its own: VmHWM, `benchmarks.results.own_peak_rss_mb`) reads and encodes the
 corpus, fits the forward and backward `elmo_cli.kneser_ney.KneserNey` models and scores the held-out lines, on
 the same targets as `elmo-cli evaluate` (words + one boundary symbol per sentence). The target: 1M training
 tokens at order 5 fitted and scored in under 2 minutes and 2 GB.
@@ -12,7 +12,6 @@ tokens at order 5 fitted and scored in under 2 minutes and 2 GB.
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.corpora import austen_novels
+from benchmarks.results import own_peak_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDERS = (3, 5)
@@ -55,7 +55,7 @@ def child(corpus: str, order: int) -> None:
     r = KneserNeyPerplexity(order, sums[0][1], sums[0][0], sums[1][0])
     out.update(tokens=r.tokens, forward=r.forward_perplexity, backward=r.backward_perplexity,
                average=r.average_perplexity, seconds=time.perf_counter() - t0,
-               peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               peak_rss=own_peak_rss_mb() * 2**20,
                torch_loaded="torch" in sys.modules)
     print(json.dumps(out))
 

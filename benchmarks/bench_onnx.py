@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results import Recording
+from benchmarks.results import Recording, own_peak_rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS, CHECK, REPEATS = 2, 16, 3
@@ -63,20 +62,7 @@ def child(side: str, model: str, plan_path: str, out_path: str) -> None:
     if side == "onnx":
         assert "torch" not in sys.modules and "elmo_cli" not in sys.modules
     np.savez(out_path, **{str(k): v for k, v in keep.items()})
-    print(json.dumps({"tokens_per_s": rates, "peak_rss_mb": peak_rss_mb()}))
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB: VmHWM of /proc/self/status, the high-water mark of this program's
-    own address space. Not ru_maxrss: Linux carries that over from the parent through fork and exec, so a child of
-    a large benchmark process would report at least the parent's size."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"tokens_per_s": rates, "peak_rss_mb": own_peak_rss_mb()}))
 
 
 def _elmo_side(model: str):

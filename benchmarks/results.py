@@ -47,6 +47,58 @@ def commit() -> str:
     return head + ("+changes" if head and git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
 
+def own_peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: VmHWM of /proc/self/status, the high-water mark of this program's
+    own address space. Not ru_maxrss: Linux carries that over from the parent through fork and exec, so a child of
+    a large benchmark process reports at least the parent's size (measured: an empty `python -c pass` started by a
+    600 MB parent reports 613 MB)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+PEAK_FILE = "ELMO_BENCH_PEAK_FILE"
+# Runs ``python -c CODE ARGS`` or ``python -m MODULE ARGS`` given after it, and writes the run's own VmHWM (kB) to
+# the file named by $ELMO_BENCH_PEAK_FILE when the interpreter exits.
+_MEASURE = """
+import atexit, os, runpy, sys
+def _peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            open(os.environ["ELMO_BENCH_PEAK_FILE"], "w").write(line.split()[1])
+atexit.register(_peak)
+flag, what, sys.argv = sys.argv[1], sys.argv[2], sys.argv[2:]
+if flag == "-c":
+    sys.argv[0] = "-c"
+    exec(compile(what, "<string>", "exec"), {"__name__": "__main__"})
+else:
+    runpy.run_module(what, run_name="__main__", alter_sys=True)
+"""
+
+
+def run_measured(args: list[str], cwd: Path | None = None, env: dict | None = None) -> tuple[str, float, float]:
+    """``python ARGS`` (``["-c", CODE, ...]`` or ``["-m", MODULE, ...]``) in a fresh process: its stdout, wall seconds
+    and its own peak RSS in MB (VmHWM, see `own_peak_rss_mb`). RuntimeError with its stderr if it fails."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        peak_file = Path(d) / "peak"
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", _MEASURE, *args], capture_output=True, text=True, cwd=cwd,
+                              env={**(env if env is not None else os.environ), PEAK_FILE: str(peak_file)})
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"python {' '.join(args[:2])[:80]} failed: {proc.stderr[-2000:]}")
+        peak = int(peak_file.read_text()) / 1024 if peak_file.is_file() else float("nan")
+    return proc.stdout, wall, peak
+
+
 def machine(threads: int) -> dict:
     import torch
 
