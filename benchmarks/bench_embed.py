@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.corpora import austen_novels
-from benchmarks.results import run_measured
+from benchmarks.results import Recording, run_measured
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.presets import PRESETS
@@ -204,7 +204,9 @@ def main(configs: list[str] | None = None) -> None:
     print(f"{len(sentences)} sentences, {n_tokens} tokens (mean {n_tokens / len(sentences):.1f}), batch {BATCH}, "
           f"float32, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the host slows both)")
-    with tempfile.TemporaryDirectory() as d:
+    command = "python -m benchmarks.bench_embed" + ("" if configs == ["small", "original"] and memory else
+                                                    " " + " ".join(configs + (["memory"] if memory else [])))
+    with tempfile.TemporaryDirectory() as d, Recording("embed", command) as rec:
         tmp = Path(d)
         text_file = tmp / "input.txt"
         text_file.write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
@@ -215,18 +217,25 @@ def main(configs: list[str] | None = None) -> None:
                   f"{r['tokens'] / fast:8,.0f} tokens/s | speed-up {base / fast:4.1f}x | max |diff| {r['diff']:.1e}",
                   flush=True)
             b = r["bytes_per_token"]
+            rec.figures[name] = {"baseline_tokens_per_s": round(r["tokens"] / base),
+                                 "elmo_cli_tokens_per_s": round(r["tokens"] / fast), "speed_up": round(base / fast, 1),
+                                 "max_abs_diff": r["diff"], "bytes_per_token": {k: round(v) for k, v in b.items()}}
             print(f"{'':>9}  file size per token (layers=all): " + ", ".join(f"{k} {v:,.0f} B" for k, v in b.items()),
                   flush=True)
         if memory:
             m = dump_memory(tmp)
             one, big = m["1x"], m[f"{m['scale']}x"]
+            rec.figures["memory"] = {"scale": m["scale"], "tokens_1x": one["tokens"], "tokens_big": big["tokens"],
+                                     "peak_rss_mb_1x": round(one["peak_rss_mb"]),
+                                     "peak_rss_mb_big": round(big["peak_rss_mb"]),
+                                     "ratio": round(big["peak_rss_mb"] / one["peak_rss_mb"], 2)}
             print(f"   memory: dump-embeddings peak RSS {one['peak_rss_mb']:,.0f} MB on {one['tokens']:,} tokens vs "
                   f"{big['peak_rss_mb']:,.0f} MB on {big['tokens']:,} ({m['scale']}x the input, {big['file_mb']:,.0f} MB "
                   f"written): {big['peak_rss_mb'] / one['peak_rss_mb']:.2f}x (tiny shape, {m['corpus']})", flush=True)
-    if configs:
-        rate = recurrent_step_rate()
-        print(f"recurrent step product (64 x 512) @ (512 x 16384), in place: {rate:.0f} GFLOP/s "
-              f"(the per-step floor of every fp32 implementation, baseline included)", flush=True)
+        if configs:
+            rate = rec.figures["recurrent_step_gflops"] = round(recurrent_step_rate())
+            print(f"recurrent step product (64 x 512) @ (512 x 16384), in place: {rate:.0f} GFLOP/s "
+                  f"(the per-step floor of every fp32 implementation, baseline included)", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.results import own_peak_rss_mb
+from benchmarks.results import Recording, own_peak_rss_mb
 
 VOCAB_SIZE = 800_000
 PROJECTION_DIM = 512
@@ -61,6 +61,11 @@ def child(text_path: str) -> None:
 
 
 def main() -> None:
+    with Recording("evaluate", "python -m benchmarks.bench_evaluate") as rec:
+        rec.figures.update(_run())
+
+
+def _run() -> dict:
     import random
 
     lengths = _lengths()
@@ -96,6 +101,9 @@ def main() -> None:
           f"evaluation working memory {working / gb:.2f} GB")
     print(f"dense logits of the largest batch ({biggest:,} rows x {VOCAB_SIZE:,}): {dense / gb:.2f} GB "
           f"= {dense / max(working, 1):.0f}x the chunked evaluation's working memory")
+    return {"tokens_per_s": round(got["tokens"] / got["seconds"]), "peak_rss_gb": round(peak / gb, 2),
+            "after_build_gb": round(got["rss_after_build"] / gb, 2), "working_gb": round(working / gb, 2),
+            "dense_logits_gb": round(dense / gb, 2), "dense_over_working": round(dense / max(working, 1))}
 
 
 if __name__ == "__main__":

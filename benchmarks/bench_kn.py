@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.corpora import austen_novels
-from benchmarks.results import own_peak_rss_mb
+from benchmarks.results import Recording, own_peak_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDERS = (3, 5)
@@ -61,6 +61,11 @@ def child(corpus: str, order: int) -> None:
 
 
 def main() -> None:
+    with Recording("kn", "python -m benchmarks.bench_kn", threads=1) as rec:
+        _run(rec.figures)
+
+
+def _run(figures: dict) -> None:
     corpus = austen_novels()
     print(f"corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB), every {HOLD_OUT_EVERY}th line held out, "
           f"vocabulary = training types seen >= {MIN_COUNT} times")
@@ -80,6 +85,9 @@ def main() -> None:
         print(f"KN{order}: fit {fit:.2f} s + score {score:.2f} s for both directions (read+vocab+encode "
               f"{r['prep_seconds']:.2f} s; child {r['seconds']:.1f} s, wall {wall:.1f} s incl. start-up), "
               f"peak RSS {r['peak_rss'] / 1e6:.0f} MB, torch imported: {r['torch_loaded']}")
+        figures[f"kn{order}"] = {"fit_seconds": round(fit, 2), "score_seconds": round(score, 2),
+                                 "peak_rss_mb": round(r["peak_rss"] / 1e6), "average_perplexity": round(r["average"], 2),
+                                 "train_tokens": r["train_tokens"], "test_words": r["test_words"]}
         print(f"KN{order}: held-out perplexity forward {r['forward']:.2f}, backward {r['backward']:.2f}, "
               f"average {r['average']:.2f}")
         print(f"KN{order}: forward discounts (D1, D2, D3+) by order: "

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.corpora import austen_novels
-from benchmarks.results import run_measured
+from benchmarks.results import Recording, run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 _SHARD = """
@@ -34,10 +35,15 @@ def shard(corpus: Path, vocab: Path, out: Path, workers: int = 1) -> tuple[dict,
 
 
 def main() -> None:
-    from vocab.vocabulary import build_vocab
-
     corpus = austen_novels()
     work = Path(tempfile.mkdtemp(prefix="bench-shard-"))
+    with Recording("shard", "python -m benchmarks.bench_shard", threads=1) as rec:
+        _run(corpus, work, rec.figures)
+
+
+def _run(corpus: Path, work: Path, figures: dict) -> None:
+    from vocab.vocabulary import build_vocab
+
     try:
         mb = corpus.stat().st_size / 1e6
         print(f"corpus: {corpus} ({mb:.1f} MB)")
@@ -47,7 +53,9 @@ def main() -> None:
         print(f"build-vocab: {stats.tokens:,} tokens, {stats.vocab_size:,} types in {t_vocab:.2f} s "
               f"= {mb / t_vocab:.1f} MB/s, {stats.tokens / t_vocab:,.0f} tokens/s")
 
-        _, wc_wall, _ = run_measured(["wc", "-w", str(corpus)])
+        t = time.perf_counter()
+        subprocess.run(["wc", "-w", str(corpus)], check=True, capture_output=True)
+        wc_wall = time.perf_counter() - t
         r1, wall1, rss1 = shard(corpus, work / "vocab.txt", work / "s1")
         print(f"shard (workers=1): {wall1:.2f} s wall (library {r1['seconds']:.2f} s) = {mb / wall1:.2f} MB/s, "
               f"{r1['tokens'] / wall1:,.0f} tokens/s, peak RSS {rss1:.0f} MB, {r1['bytes_per_token']:.2f} bytes/token, "
@@ -68,6 +76,11 @@ def main() -> None:
               f"= {rss10 / rss1:.2f}x the 1x corpus (limit 1.30x)")
         r10w, wall10w, _ = shard(big, work / "vocab.txt", work / "s10w", workers=2)
         same = all((work / "s10" / f).read_bytes() == (work / "s10w" / f).read_bytes() for f in ("manifest.json",))
+        figures.update(corpus_mb=round(mb, 1), tokens=r1["tokens"], vocab_tokens_per_s=round(stats.tokens / t_vocab),
+                       shard_mb_per_s=round(mb / wall1, 2), shard_tokens_per_s=round(r1["tokens"] / wall1),
+                       times_wc=round(wall1 / wc_wall, 1), bytes_per_token=round(r1["bytes_per_token"], 2),
+                       peak_rss_mb_1x=round(rss1), peak_rss_mb_10x=round(rss10), rss_10x_over_1x=round(rss10 / rss1, 2),
+                       workers2_speedup_10x=round(wall10 / wall10w, 2), workers_identical=same)
         print(f"shard 10x corpus, workers=2: {wall10w:.1f} s ({wall10 / wall10w:.2f}x faster than workers=1; "
               f"identical manifest and shard checksums: {same})")
     finally:
