@@ -4,8 +4,10 @@
         rec.figures["small"] = {...}
     # -> benchmarks/results/repeat-2026-11-26.json
 
-The load average is read before and after; a run that starts with the 1-minute load above the threads it uses is
-marked ``"under_load": true`` and says so on stderr, since other work on the cores slows every figure.
+The load average is read before and after. Whether other work shares the cores is measured when the run starts: the
+CPUs busy during one second while this benchmark waits (from /proc/stat; the 1-minute load average still carries the
+previous benchmark's own work). A run that starts with more than half a core busy elsewhere is marked
+``"under_load": true`` and says so on stderr, since other work on the cores slows every figure.
 """
 from __future__ import annotations
 
@@ -45,6 +47,21 @@ def commit() -> str:
             return ""
     head = git("rev-parse", "--short", "HEAD").strip()
     return head + ("+changes" if head and git("status", "--porcelain", "--untracked-files=no").strip() else "")
+
+
+def busy_cpus(seconds: float = 1.0) -> float | None:
+    """How many CPUs other processes keep busy, measured over `seconds` while this one sleeps (None off Linux)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields), idle
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / max(total1 - total0, 1))
 
 
 def own_peak_rss_mb() -> float:
@@ -119,10 +136,11 @@ class Recording:
 
     def __enter__(self) -> "Recording":
         self.load_before = os.getloadavg()[0]
-        self.under_load = self.load_before > self.threads
+        self.busy_before = busy_cpus()
+        self.under_load = self.busy_before is not None and self.busy_before > 0.5
         if self.under_load:
-            print(f"warning: load average {self.load_before:.2f} above the {self.threads} threads this benchmark "
-                  f"uses: other work is slowing it; the result file says so", file=sys.stderr)
+            print(f"warning: {self.busy_before:.1f} CPUs busy with other work as this benchmark starts: it slows "
+                  f"every figure; the result file says so", file=sys.stderr)
         self.started = time.time()
         return self
 
@@ -133,6 +151,7 @@ class Recording:
                   "date": time.strftime("%Y-%m-%d", time.localtime(self.started)),
                   "seconds": round(time.time() - self.started, 1), "machine": machine(self.threads),
                   "load_before": round(self.load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+                  "busy_cpus_before": None if self.busy_before is None else round(self.busy_before, 2),
                   "under_load": self.under_load, "figures": self.figures}
         RESULTS_DIR.mkdir(exist_ok=True)
         self.path = RESULTS_DIR / f"{self.name}-{record['date']}.json"
