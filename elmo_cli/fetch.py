@@ -48,7 +48,7 @@ class KnownFile:
 _S3 = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/"
 _PUBLISHED = ("2x1024_128_2048cnn_1xhighway", "2x2048_256_2048cnn_1xhighway", "2x4096_512_2048cnn_2xhighway",
               "2x4096_512_2048cnn_2xhighway_5.5B")
-# allennlp's published English models (docs/migration.md#published-models). Their sizes and checksums are not
+# allennlp's published English models (docs/migration.md#the-published-models-by-url). Their sizes and checksums are not
 # recorded here: no source we can cite gives them, so these files are downloaded unchecked.
 KNOWN_FILES: dict[str, KnownFile] = {
     f"{_S3}{shape}/elmo_{shape}_{kind}": KnownFile()
