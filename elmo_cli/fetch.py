@@ -8,7 +8,8 @@ Cache layout: ``$XDG_CACHE_HOME/elmo-cli`` (default ``~/.cache/elmo-cli``, or ``
 URL, ``<first 16 hex digits of sha256(URL)>-<the URL's file name>``, so two URLs never share a file. A download
 goes into ``<that name>.partial``; an interrupted one is resumed from there (an HTTP Range request; a server that
 ignores it sends the whole file again). When complete, the size and sha256 of a file in `KNOWN_FILES` are checked
-(a mismatch removes the partial file) and the file is renamed to its final name (`vocab.text.publish`).
+(a mismatch removes the partial file) and the file is renamed to its final name (`vocab.text.publish`). While a
+process downloads a URL it holds ``<name>.lock`` (flock), so processes started together download it once.
 
 Settings (`configure`): the cache directory, ``offline`` (the cache only, no network), the timeout, and a progress
 callback: library code never prints, the CLI passes one that draws a bar (`elmo_cli.console`).
@@ -120,11 +121,30 @@ def fetch(url: str) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ElmoError(f"{final.parent}: cannot create the download cache ({e.strerror or e})") from None
-    partial = partial_path(final)
-    _download(url, partial)
-    _verify(url, partial, KNOWN_FILES.get(url, KnownFile()))
-    publish(partial, final)
+    with _lock(final):  # one download of a URL at a time (torchrun's processes all resolve the model)
+        if final.is_file():  # another process has just finished it
+            return final
+        partial = partial_path(final)
+        _download(url, partial)
+        _verify(url, partial, KNOWN_FILES.get(url, KnownFile()))
+        publish(partial, final)
     return final
+
+
+@contextlib.contextmanager
+def _lock(final: Path) -> Iterator[None]:
+    """Hold ``<final>.lock`` exclusively (waiting for another process's download of the same URL to end)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(final.with_name(final.name + ".lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _open(url: str, start: int):
@@ -153,6 +173,10 @@ def _download(url: str, partial: Path) -> None:
         start, response = 0, _open(url, 0)
     with response:
         resumed = start > 0 and response.status == 206
+        if resumed and not response.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
+            partial.unlink()
+            raise ElmoError(f"{url}: the server resumed the download at another byte than {start} (Content-Range "
+                            f"{response.headers.get('Content-Range')!r}); the partial download was removed, run again")
         start = start if resumed else 0
         length = response.headers.get("Content-Length")
         total = start + int(length) if length and length.isdigit() else None

@@ -39,7 +39,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if wanted and srv.honour_range:
             start = int(wanted.split("=")[1].split("-")[0])
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Range", f"bytes {start + srv.range_shift}-{len(data) - 1}/{len(data)}")
         else:
             self.send_response(200)
         body = data[start:]
@@ -63,6 +63,7 @@ def server(tmp_path):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads, srv.block_on_close = True, False
     srv.root, srv.requests, srv.cut_once, srv.honour_range, srv.delay = root, [], set(), True, 0.0
+    srv.range_shift = 0
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}/"
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -88,7 +89,28 @@ def test_downloaded_once_then_served_from_the_cache(server, cache):
     assert len(server.requests) == 1
     other = fetch.cached_path(server.url + "other/x_options.json")
     assert other != first and other.name.endswith("-x_options.json")  # same file name, another URL
-    assert [p.name for p in cache.iterdir()] == [first.name]  # no temporary or partial file left
+    assert sorted(p.name for p in cache.iterdir()) == [first.name, first.name + ".lock"]  # no partial file left
+
+
+def test_the_default_cache_is_under_xdg_cache_home(monkeypatch, tmp_path):
+    fetch.configure()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert fetch.cached_path("http://h/a/x_options.json").parent == tmp_path / "xdg" / "elmo-cli"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert fetch.cache_dir() == tmp_path / "home" / ".cache" / "elmo-cli"
+
+
+def test_processes_started_together_download_once(server):
+    server.delay = 0.3
+    url = server.url + "x_weights.hdf5"
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(fetch.fetch(url))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 3 and len(set(got)) == 1 and len(server.requests) == 1
 
 
 def test_model_url_brings_the_weights_beside_it(server):
@@ -121,6 +143,18 @@ def test_a_cut_download_resumes(server, honour_range):
     assert fetch.fetch(url).read_bytes() == whole
     assert server.requests[1] == ("/x_weights.hdf5", f"bytes={len(whole) // 2}-")
     assert not fetch.partial_path(final).exists()
+
+
+def test_a_resume_at_the_wrong_byte_starts_again(server):
+    server.cut_once.add("x_weights.hdf5")
+    server.range_shift = 1
+    url = server.url + "x_weights.hdf5"
+    with pytest.raises(ElmoError, match="download cut"):
+        fetch.fetch(url)
+    with pytest.raises(ElmoError, match=r"resumed the download at another byte than \d+ .*removed, run again$"):
+        fetch.fetch(url)
+    assert not fetch.partial_path(fetch.cached_path(url)).exists()
+    assert fetch.fetch(url).read_bytes() == (server.root / "x_weights.hdf5").read_bytes()
 
 
 def test_404_names_the_url_and_status(server):
@@ -187,7 +221,7 @@ def test_dump_embeddings_by_url_writes_the_same_file(server, tmp_path):
     assert result.exit_code == 0, text
     assert "downloading " + server.url + "x_weights.hdf5" in text
     assert by_url.read_bytes() == by_path.read_bytes()
-    assert len(list((tmp_path / "cli-cache").iterdir())) == 2
+    assert len([p for p in (tmp_path / "cli-cache").iterdir() if p.suffix != ".lock"]) == 2
     by_url.unlink()
     result, text = _invoke([*args, "--offline"])
     assert result.exit_code == 0, text
