@@ -251,3 +251,16 @@ def test_embedder_takes_urls(server):
                     device="cpu").embed_sentences(sentence)[0]
     assert np.array_equal(local, by_url) and np.array_equal(local, both)
     assert len(server.requests) == 2
+
+
+def test_export_and_task_train_take_urls(server, tmp_path):
+    url = server.url + "x_options.json"
+    result, text = _invoke(["export", "--model", url, "--output", tmp_path / "export", "--cache-dir", tmp_path / "c"])
+    assert result.exit_code == 0, text
+    assert (tmp_path / "export" / "weights.hdf5").is_file() and len(server.requests) == 2
+    missing = server.url + "y_options.json"
+    result, text = _invoke(["task", "train", "--kind", "tagging", "--train", tmp_path / "t.conllu", "--dev",
+                            tmp_path / "d.conllu", "--output", tmp_path / "task", "--model", missing, "--offline",
+                            "--cache-dir", tmp_path / "c"])
+    assert result.exit_code == 1 and f"error: {missing}: not in the cache" in text
+    assert len(server.requests) == 2
