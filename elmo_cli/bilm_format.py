@@ -279,9 +279,9 @@ def weights_url_beside(url: str) -> str:
 def _fetched(model, options, weights) -> tuple:
     """The model arguments with each http(s) URL replaced by its downloaded (or cached) file, `elmo_cli.fetch`;
     ``--model URL`` brings the weights URL beside it. Combinations that are mistakes pass unchanged."""
-    if model is not None and options is not None or options is not None and weights is None:
-        return model, options, weights
-    if model is None and options is None:
+    both_models = model is not None and options is not None
+    half_pair = options is not None and weights is None or model is None and options is None
+    if both_models or half_pair:
         return model, options, weights
     if is_url(model) and weights is None:
         weights = weights_url_beside(model)

@@ -143,7 +143,7 @@ def weights_option(model_flag: str = "--model"):
 
 
 def _use_cache_dir(value: Optional[Path]) -> Optional[Path]:
-    fetch.settings.cache_dir = value
+    fetch.settings.cache_dir = Path(value) if value is not None else None
     fetch.settings.progress = download_progress
     return value
 
