@@ -15,6 +15,7 @@ softmax.hdf5 (elmo-cli's, since bilm-tf never stored the softmax): ``W (V, P)``,
 from __future__ import annotations
 
 import json
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from elmo_cli.config import ModelConfig, load_options
+from elmo_cli.fetch import fetch, is_url
 from elmo_cli.model.bilm import BiLM
 from vocab.errors import ElmoError
 from vocab.text import atomic_write_bytes, publish, temporary_path
@@ -262,9 +264,37 @@ def _check_kind(path: Path, flag: str, want_hdf5: bool) -> None:
         raise ElmoError(f"{path}: not an HDF5 weights file ({'empty' if not head else 'truncated or another format'})")
 
 
-def resolve_model_files(model: Path | None, options: Path | None, weights: Path | None) -> ModelFiles:
+def weights_url_beside(url: str) -> str:
+    """The weights URL named like a published options URL (`weights_beside` on the URL's file name)."""
+    parts = urllib.parse.urlsplit(url)
+    folder, _, name = parts.path.rpartition("/")
+    try:
+        weights = weights_beside(Path(name or "_")).name
+    except ElmoError:
+        raise ElmoError(f"{url}: cannot tell its weights URL (no 'options' in the file name to replace by "
+                        f"'weights'); pass --weights URL") from None
+    return urllib.parse.urlunsplit(parts._replace(path=f"{folder}/{weights}", query="", fragment=""))
+
+
+def _fetched(model, options, weights) -> tuple:
+    """The model arguments with each http(s) URL replaced by its downloaded (or cached) file, `elmo_cli.fetch`;
+    ``--model URL`` brings the weights URL beside it. Combinations that are mistakes pass unchanged."""
+    both_models = model is not None and options is not None
+    half_pair = options is not None and weights is None or model is None and options is None
+    if both_models or half_pair:
+        return model, options, weights
+    if is_url(model) and weights is None:
+        weights = weights_url_beside(model)
+    return tuple(fetch(a) if is_url(a) else a for a in (model, options, weights))
+
+
+def resolve_model_files(model: Path | str | None, options: Path | str | None,
+                        weights: Path | str | None) -> ModelFiles:
     """The files of a biLM given as a model directory, an options.json path (weights beside it, or `weights`),
-    or the two bilm-tf files. Each mistake is one ElmoError naming the path and the flag."""
+    or the two bilm-tf files; each of them may be an http(s) URL (downloaded once into the cache). Each mistake is
+    one ElmoError naming the path and the flag."""
+    if any(is_url(a) for a in (model, options, weights)):
+        model, options, weights = _fetched(model, options, weights)
     if model is not None:
         model = Path(model)
         if options is not None:

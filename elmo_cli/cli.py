@@ -14,9 +14,11 @@ import typer
 
 from elmo_cli.layers import MODES_HELP
 from elmo_cli.presets import PRESETS_HELP, presets_table
-from elmo_cli.console import (app_settings, batch_size_option, command, console, device_option, err_console,
-                              errors_option, model_option, options_option, output_option, pick_output,
-                              threads_option, user_errors as _user_errors, weights_option)
+from elmo_cli.console import (app_settings, batch_size_option, cache_dir_option, command, console, device_option,
+                              err_console, errors_option, model_option, offline_option, options_option,
+                              output_option, pick_output, threads_option, user_errors as _user_errors,
+                              weights_option)
+from elmo_cli.fetch import path_or_url
 from vocab.errors import ElmoError
 
 app = typer.Typer(**app_settings("Train and use ELMo-style contextual word representations on your own corpus."))
@@ -292,13 +294,17 @@ def cli_train(
     resume: bool = typer.Option(False, "--resume", help="Continue exactly from the newest checkpoint in --output "
                                                         "(the command that started the run may be repeated as it "
                                                         "was; only its length may change)."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a trained biLM (fine-tuning): "
-                                                                       "a model directory, or an options.json "
-                                                                       "file with its weights beside it or given "
-                                                                       "by --weights."),
-    options: Optional[Path] = typer.Option(None, "--options", help="bilm-tf options.json to start from, with "
-                                                                   "--weights (the same as --init-from)."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", parser=path_or_url, metavar="PATH|URL",
+                                             help="Start from a trained biLM (fine-tuning): a model directory, or "
+                                                  "an options.json file with its weights beside it or given by "
+                                                  "--weights; or its http(s) URL (downloaded once into the "
+                                                  "cache)."),
+    options: Optional[Path] = typer.Option(None, "--options", parser=path_or_url, metavar="PATH|URL",
+                                           help="bilm-tf options.json (a file or an http(s) URL) to start from, "
+                                                "with --weights (the same as --init-from)."),
     weights: Optional[Path] = weights_option("--init-from"),
+    cache_dir: Optional[Path] = cache_dir_option(),
+    offline: bool = offline_option(),
     reset_softmax: bool = typer.Option(False, "--reset-softmax", help="With --init-from: re-initialise the "
                                                                       "softmax."),
 ) -> None:
@@ -371,6 +377,8 @@ def cli_evaluate(
     model: Optional[Path] = model_option(),
     options: Optional[Path] = options_option(),
     weights: Optional[Path] = weights_option(),
+    cache_dir: Optional[Path] = cache_dir_option(),
+    offline: bool = offline_option(),
     batch_size: int = batch_size_option("Sentences per batch (results do not depend on it unless --stateful)"),
     per_sentence: Optional[Path] = typer.Option(None, "--per-sentence", dir_okay=False,
                                                 help="Write one JSON line per input line: index, source, words, "
@@ -444,6 +452,8 @@ def cli_export(
     output: Path = output_option("Directory to create."),
     options: Optional[Path] = options_option(),
     weights: Optional[Path] = weights_option(),
+    cache_dir: Optional[Path] = cache_dir_option(),
+    offline: bool = offline_option(),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
     format: str = typer.Option("dir", "--format", help="dir (a model directory) | onnx (OUTPUT is model.onnx, run "
                                                       "by onnxruntime) | torch-export (OUTPUT is model.pt2, a "
@@ -479,6 +489,8 @@ def cli_dump_embeddings(
     model: Optional[Path] = model_option(),
     options: Optional[Path] = options_option(),
     weights: Optional[Path] = weights_option(),
+    cache_dir: Optional[Path] = cache_dir_option(),
+    offline: bool = offline_option(),
     layers: str = typer.Option("all", "--layers", help=MODES_HELP),
     mix: Optional[str] = typer.Option(None, "--mix", help="W0,W1,W2: dump gamma * sum_k W_k * layer_k (n, 2P); "
                                                          "replaces --layers."),
@@ -576,6 +588,8 @@ def cli_dump_token_embeddings(
     model: Optional[Path] = model_option(),
     options: Optional[Path] = options_option(),
     weights: Optional[Path] = weights_option(),
+    cache_dir: Optional[Path] = cache_dir_option(),
+    offline: bool = offline_option(),
     device: str = device_option(),
     threads: Optional[int] = threads_option(),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),

@@ -1,5 +1,6 @@
 """The two consoles every command prints to, `user_errors`: how an `ElmoError` reaches the user, `command`:
-how a command's help is laid out, and the options every command shares (`model_option`, `device_option`, ...).
+how a command's help is laid out, and the options every command shares (`model_option`, `device_option`, ...),
+`download_progress`: the bar drawn while a model is downloaded by URL (`elmo_cli.fetch`).
 
 Each command body (in `elmo_cli.cli` and the `task` sub-app) runs inside ``with user_errors():``, which turns an
 `ElmoError` into ``error: <message>`` on stderr and exit code 1; any other exception is a bug and keeps its
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand
 
+from elmo_cli import fetch
 from vocab.errors import ElmoError
 
 
@@ -120,19 +123,61 @@ DEFAULT_BATCH_SIZE = 64
 
 
 def model_option():
-    return typer.Option(None, "--model", "-m", help="The biLM: a model directory (a training run or an `export`), "
-                        "or an options.json file with its weights file beside it (x_options.json + "
-                        "x_weights.hdf5, as the published ELMo files are named) or given by --weights.")
+    return typer.Option(None, "--model", "-m", parser=fetch.path_or_url, metavar="PATH|URL",
+                        help="The biLM: a model directory (a training run or an `export`), or an options.json file "
+                             "with its weights file beside it (x_options.json + x_weights.hdf5, as the published "
+                             "ELMo files are named) or given by --weights; or the http(s) URL of such an "
+                             "options.json (downloaded once into the cache, with the weights URL beside it).")
 
 
 def options_option():
-    return typer.Option(None, "--options", help="bilm-tf options.json, with --weights (the same as --model "
-                                                "OPTIONS.json --weights F).")
+    return typer.Option(None, "--options", parser=fetch.path_or_url, metavar="PATH|URL",
+                        help="bilm-tf options.json (a file or an http(s) URL), with --weights (the same as --model "
+                             "OPTIONS.json --weights F).")
 
 
 def weights_option(model_flag: str = "--model"):
-    return typer.Option(None, "--weights", help=f"bilm-tf weights.hdf5: with --options, or with {model_flag} "
-                                                f"OPTIONS.json when the weights file is not named like it.")
+    return typer.Option(None, "--weights", parser=fetch.path_or_url, metavar="PATH|URL",
+                        help=f"bilm-tf weights.hdf5 (a file or an http(s) URL): with --options, or with "
+                             f"{model_flag} OPTIONS.json when the weights file is not named like it.")
+
+
+def _use_cache_dir(value: Optional[Path]) -> Optional[Path]:
+    fetch.settings.cache_dir = Path(value) if value is not None else None
+    fetch.settings.progress = download_progress
+    return value
+
+
+def _use_offline(value: bool) -> bool:
+    fetch.settings.offline = value
+    return value
+
+
+def cache_dir_option():
+    return typer.Option(None, "--cache-dir", callback=_use_cache_dir,
+                        help="Where models given by URL are downloaded (default: $XDG_CACHE_HOME/elmo-cli, else "
+                             "~/.cache/elmo-cli).")
+
+
+def offline_option():
+    return typer.Option(False, "--offline", callback=_use_offline,
+                        help="Models given by URL come from the download cache only; one not cached is an error.")
+
+
+@contextlib.contextmanager
+def download_progress(url: str, total: Optional[int], start: int) -> Iterator[Callable[[int], None]]:
+    """A download's bar on stderr (`elmo_cli.fetch.Progress`); off a terminal, one line when it starts."""
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    if not err_console.is_terminal:
+        err_console.print(f"downloading {url}" + (f" from byte {start}" if start else ""), highlight=False,
+                          soft_wrap=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=err_console, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task(escape(fetch.url_name(url)), total=total, completed=start)
+        yield lambda n: bar.advance(task, n)
 
 
 def device_option():

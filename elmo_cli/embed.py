@@ -130,7 +130,9 @@ class Embedder:
 
     ``Embedder("model/")``, ``Embedder("elmo_2x4096_512_2048cnn_2xhighway_options.json")`` (the weights file
     beside it, named with ``weights`` for ``options`` and ``.hdf5``), or
-    ``Embedder(options_file="options.json", weight_file="weights.hdf5")``.
+    ``Embedder(options_file="options.json", weight_file="weights.hdf5")``. Each may be an http(s) URL, as allennlp
+    took them: downloaded once into the cache (`elmo_cli.fetch`; ``elmo_cli.fetch.configure(cache_dir=...,
+    offline=True)`` sets where, or forbids the network).
 
     # Parameters
     model_dir : `str | Path`, optional: a run directory, an `elmo-cli export` output, or an options.json file.

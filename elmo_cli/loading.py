@@ -4,6 +4,7 @@ Every command that takes a model accepts a model directory (a run directory or a
 options.json, weights.hdf5, optional softmax.hdf5, vocab.txt, chars.json, spm.model), the path of an options.json
 file with its weights beside it (``x_options.json`` + ``x_weights.hdf5``, as the published ELMo models are named)
 or given as `--weights F`, or the two bilm-tf files `--options F --weights F` (`bilm_format.resolve_model_files`).
+Any of these files may be given as an http(s) URL: it is downloaded once into the cache (`elmo_cli.fetch`).
 """
 from __future__ import annotations
 
@@ -55,17 +56,18 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
-def model_files(model: Path | ModelFiles | None = None, options: Path | None = None,
-                weights: Path | None = None) -> ModelFiles:
+def model_files(model: Path | str | ModelFiles | None = None, options: Path | str | None = None,
+                weights: Path | str | None = None) -> ModelFiles:
     """`ModelFiles` from what a command was given (see the module docstring); a `ModelFiles` passes through."""
     if isinstance(model, ModelFiles):
         return model
     return resolve_model_files(model, options, weights)
 
 
-def load_model(model: Path | ModelFiles | None = None, options: Path | None = None, weights: Path | None = None,
-               device: str | None = "auto") -> LoadedModel:
-    """Load a biLM for prediction: a model directory, an options.json path, or bilm-tf `options` + `weights`."""
+def load_model(model: Path | str | ModelFiles | None = None, options: Path | str | None = None,
+               weights: Path | str | None = None, device: str | None = "auto") -> LoadedModel:
+    """Load a biLM for prediction: a model directory, an options.json path, or bilm-tf `options` + `weights`
+    (each file also as an http(s) URL)."""
     files = model_files(model, options, weights)
     net = load_bilm(files.options, files.weights, files.softmax)
     text = TextEncoder.from_dir(files.directory) if files.directory is not None else TextEncoder(chars=ByteChars())

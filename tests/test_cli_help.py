@@ -123,6 +123,7 @@ _MODULE_COMMANDS = {
     "elmo_cli/plot.py": {"plot", "train"},
     "elmo_cli/loading.py": _MODEL_CMDS,
     "elmo_cli/bilm_format.py": _MODEL_CMDS,
+    "elmo_cli/fetch.py": _MODEL_CMDS,
     "elmo_cli/export.py": {"export"},
 }
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")

@@ -16,6 +16,7 @@ from rich.table import Table
 from elmo_cli.console import (app_settings, batch_size_option, command, console, device_option, err_console,
                               errors_option, model_option, options_option, output_option, pick_output, threads_option,
                               user_errors as _user_errors, weights_option)
+from elmo_cli.console import cache_dir_option, offline_option
 from vocab.errors import ElmoError
 
 task_app = typer.Typer(**app_settings("Taggers (CoNLL, CoNLL-U) and sentence classifiers (TSV) on ELMo."))
@@ -101,6 +102,7 @@ def cli_train(
     model: Optional[Path] = model_option(),
     options: Optional[Path] = options_option(),
     weights: Optional[Path] = weights_option(),
+    cache_dir: Optional[Path] = cache_dir_option(), offline: bool = offline_option(),  # URLs: elmo_cli.fetch
     no_elmo: bool = typer.Option(False, "--no-elmo", help="Train without ELMo (word embeddings only)."),
     epochs: int = typer.Option(50, "--epochs", help="At most this many epochs (training usually stops earlier: "
                                                     "--patience)."),
