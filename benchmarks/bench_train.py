@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.results import Recording
+
 from elmo_cli.config import ModelConfig
 from elmo_cli.train import train
 from elmo_cli.presets import load_config
@@ -70,7 +72,8 @@ def main() -> None:
     from vocab.shards import write_shards
     from vocab.vocabulary import build_vocab
 
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp, \
+            Recording("train", "python -m benchmarks.bench_train") as rec:
         work = Path(tmp)
         build_vocab([CORPUS], work / "vocab.txt")
         write_shards([CORPUS], work / "vocab.txt", work / "shards")
@@ -90,6 +93,9 @@ def main() -> None:
             print(f"fp32 matmul after the runs: {rate_after / 1e9:.0f} GFLOP/s; using {rate / 1e9:.0f}")
             for r in results:
                 mfu = r["flops_per_token"] * r["tokens_per_s"] / rate
+                rec.figures[f"{r['preset']}_{threads}_threads"] = {
+                    "tokens_per_s": round(r["tokens_per_s"]), "mfu_percent": round(100 * mfu),
+                    "matmul_gflops": round(rate / 1e9), "gflops": round(r["flops_per_token"] * r["tokens_per_s"] / 1e9, 1)}
                 print(f"train {r['preset']:5s} {threads} threads: {r['tokens_per_s']:7.0f} tokens/s  (batch "
                       f"{r['batch']}, {r['negatives']} negatives of {r['vocab']} words)  nominal "
                       f"{r['flops_per_token'] / 1e6:.0f} MFLOP/token -> "
