@@ -315,7 +315,7 @@ def cli_train(
     with _user_errors():
         from elmo_cli import train as training
         from elmo_cli.distributed import is_main_process
-        from elmo_cli.loading import model_files
+        from elmo_cli.model_files import model_files
         from elmo_cli.train_config import parse_duration
 
         fine_tuning = init_from is not None or options is not None or weights is not None

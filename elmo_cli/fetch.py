@@ -1,7 +1,7 @@
 """Model files by URL: `fetch` downloads an http(s) URL once into the cache and returns the local file.
 
 allennlp's users gave the published ELMo models by URL (``Elmo(options_file="https://...", ...)``); every command
-that takes ``--model/--options/--weights`` and the `Embedder` accept one (`bilm_format.resolve_model_files` calls
+that takes ``--model/--options/--weights`` and the `Embedder` accept one (`model_files.resolve_model_files` calls
 `fetch` on each URL it is given).
 
 Cache layout: ``$XDG_CACHE_HOME/elmo-cli`` (default ``~/.cache/elmo-cli``, or ``--cache-dir``) holds one file per

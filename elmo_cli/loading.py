@@ -3,7 +3,7 @@
 Every command that takes a model accepts a model directory (a run directory or an `export` output:
 options.json, weights.hdf5, optional softmax.hdf5, vocab.txt, chars.json, spm.model), the path of an options.json
 file with its weights beside it (``x_options.json`` + ``x_weights.hdf5``, as the published ELMo models are named)
-or given as `--weights F`, or the two bilm-tf files `--options F --weights F` (`bilm_format.resolve_model_files`).
+or given as `--weights F`, or the two bilm-tf files `--options F --weights F` (`elmo_cli.model_files`).
 Any of these files may be given as an http(s) URL: it is downloaded once into the cache (`elmo_cli.fetch`).
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from elmo_cli.bilm_format import ModelFiles, load_bilm, resolve_model_files
+from elmo_cli.bilm_format import load_bilm
+from elmo_cli.model_files import ModelFiles, model_files
 from elmo_cli.config import ModelConfig, load_options
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import BiLSTMKernel
@@ -54,14 +55,6 @@ def resolve_device(device: str | None) -> torch.device:
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ElmoError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
-
-
-def model_files(model: Path | str | ModelFiles | None = None, options: Path | str | None = None,
-                weights: Path | str | None = None) -> ModelFiles:
-    """`ModelFiles` from what a command was given (see the module docstring); a `ModelFiles` passes through."""
-    if isinstance(model, ModelFiles):
-        return model
-    return resolve_model_files(model, options, weights)
 
 
 def load_model(model: Path | str | ModelFiles | None = None, options: Path | str | None = None,

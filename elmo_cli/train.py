@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from elmo_cli.bilm_format import ModelFiles, save_model_dir
+from elmo_cli.bilm_format import save_model_dir
+from elmo_cli.model_files import ModelFiles
 from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
                                  restore_rank, save_checkpoint)
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
@@ -469,7 +470,7 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
         (`TrainingConfig.validation_every`) and at the end, beside a Kneser-Ney reference.
     resume : continue exactly from the newest checkpoint in run_dir.
     init_from : the model to start from (fine-tuning): a model directory, an options.json path or `ModelFiles`
-        (`loading.model_files`); reset_softmax re-initialises its softmax.
+        (`model_files.model_files`); reset_softmax re-initialises its softmax.
     on_step : called on rank 0 after every step with a `StepInfo`.
 
     # Returns

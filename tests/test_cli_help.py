@@ -124,6 +124,7 @@ _MODULE_COMMANDS = {
     "elmo_cli/loading.py": _MODEL_CMDS,
     "elmo_cli/bilm_format.py": _MODEL_CMDS,
     "elmo_cli/fetch.py": _MODEL_CMDS,
+    "elmo_cli/model_files.py": _MODEL_CMDS,
     "elmo_cli/export.py": {"export"},
 }
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")

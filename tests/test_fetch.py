@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from allennlp_reference import REFERENCE
 from elmo_cli import fetch
-from elmo_cli.bilm_format import resolve_model_files, weights_url_beside
+from elmo_cli.model_files import resolve_model_files, weights_url_beside
 from elmo_cli.cli import app
 from vocab.errors import ElmoError
 

@@ -195,6 +195,17 @@ def toy(tmp_path_factory):
             "dev_tsv": write_classification(d / "dev.tsv", toy_sentences(16, 1))}
 
 
+def _same_labels_both_ways(task, onnx_dir, text, tmp_path) -> str:
+    """`task predict --task` and `--onnx` on the same file write the same labels; returns them."""
+    r, out = _run(task_app, "predict", "--task", task, text, tmp_path / "torch.out")
+    assert r.exit_code == 0, out
+    r, out = _run(task_app, "predict", "--onnx", onnx_dir, text, tmp_path / "onnx.out")
+    assert r.exit_code == 0, out
+    got, want = (tmp_path / "onnx.out").read_text(), (tmp_path / "torch.out").read_text()
+    assert got == want and len(want.splitlines()) >= 33
+    return want
+
+
 @pytest.mark.parametrize("kind,elmo,elmo_output", [("tagging", "mix", True), ("classification", "none", False)])
 def test_task_onnx_gives_the_pytorch_labels(toy, tmp_path, kind, elmo, elmo_output):
     train, dev = (toy["train"], toy["dev"]) if kind == "tagging" else (toy["train_tsv"], toy["dev_tsv"])
@@ -206,12 +217,7 @@ def test_task_onnx_gives_the_pytorch_labels(toy, tmp_path, kind, elmo, elmo_outp
     assert r.exit_code == 0, text
     info = json.loads((tmp_path / "onnx" / "task.json").read_text())
     assert info["unknown_word_id"] == 1 and (tmp_path / "onnx" / "words.txt").read_text().split("\n")[1] == "<UNK>"
-    r, text = _run(task_app, "predict", "--task", task, toy["dir"] / "in.txt", tmp_path / "torch.out")
-    assert r.exit_code == 0, text
-    r, text = _run(task_app, "predict", "--onnx", tmp_path / "onnx", toy["dir"] / "in.txt", tmp_path / "onnx.out")
-    assert r.exit_code == 0, text
-    got, want = (tmp_path / "onnx.out").read_text(), (tmp_path / "torch.out").read_text()
-    assert got == want and len(want.splitlines()) >= 33
+    _same_labels_both_ways(task, tmp_path / "onnx", toy["dir"] / "in.txt", tmp_path)
     inputs = [i.name for i in _session(tmp_path / "onnx" / "model.onnx").get_inputs()]
     assert inputs == (["char_ids", "word_ids"] if elmo != "none" else ["word_ids"])
     if kind == "tagging":  # a different vocabulary beside the graph is refused
@@ -300,12 +306,7 @@ def test_every_tagger_exports_and_gives_the_pytorch_labels(toy, tmp_path, head):
                    (["word_chars"] if head in ("char_cnn", "all") else []))
     assert [i.name for i in _session(tmp_path / "onnx" / "model.onnx").get_inputs()] == want_inputs
     assert info["inputs"] == want_inputs and info["crf"] == HEADS[head].get("crf", False)
-    r, text = _run(task_app, "predict", "--task", task, toy["dir"] / "in.txt", tmp_path / "torch.out")
-    assert r.exit_code == 0, text
-    r, text = _run(task_app, "predict", "--onnx", tmp_path / "onnx", toy["dir"] / "in.txt", tmp_path / "onnx.out")
-    assert r.exit_code == 0, text
-    got, want = (tmp_path / "onnx.out").read_text(), (tmp_path / "torch.out").read_text()
-    assert got == want and len(want.splitlines()) >= 33
+    want = _same_labels_both_ways(task, tmp_path / "onnx", toy["dir"] / "in.txt", tmp_path)
     if head in ("crf", "all"):  # the graph decoded only the moves BIO allows: no I-NP after O or at a start
         assert info["decoding"] == "crf viterbi in the graph"
         for block in want.strip().split("\n\n"):

@@ -153,7 +153,8 @@ def cli_train(
     Example: `elmo-cli task train --kind tagging --train train.conllu --dev dev.conllu --model run/ --output upos/ --compare --test test.conllu`
     """
     with _user_errors():
-        from elmo_cli.loading import model_files, set_threads
+        from elmo_cli.loading import set_threads
+        from elmo_cli.model_files import model_files
         from elmo_cli.tasks.train import elmo_arm
 
         bilm = model is not None or options is not None or weights is not None

@@ -67,7 +67,7 @@ class TaskConfig:
 
     def bilm_files(self, source: str = "config.json"):
         """The recorded biLM as `ModelFiles`; ElmoError naming `source` when it has moved."""
-        from elmo_cli.bilm_format import resolve_model_files
+        from elmo_cli.model_files import resolve_model_files
 
         if self.elmo_model is None:
             raise ElmoError(f"{source}: the task model records no biLM")

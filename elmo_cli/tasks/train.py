@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmo_cli.loading import ModelFiles, model_files, resolve_device
+from elmo_cli.loading import resolve_device
+from elmo_cli.model_files import ModelFiles, model_files
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.crf import count_violations
 from elmo_cli.tasks.features import LayerCache
