@@ -8,7 +8,6 @@ import shutil
 import socket
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
