@@ -36,6 +36,8 @@ demo: install
 	bash examples/demo.sh
 
 bench: install
+	test -f bench-out/efml-site/elmoformanylangs/__init__.py || $(BIN)/python -m pip install -q --target \
+		bench-out/efml-site --no-deps elmoformanylangs==0.0.4.post2 overrides==3.1.0
 	$(BIN)/python -m benchmarks.run
 
 # The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on four corpora

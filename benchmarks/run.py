@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn"]
+ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn", "onnx", "efml"]
 LONG = {"quality", "change"}  # by name only: quality takes hours (`make bench-quality`), change a second checkout
 
 

@@ -3,9 +3,10 @@
 weights.hdf5 layout (all float32, TensorFlow orientation ``y = x @ W``, no attributes):
 
     char_embed                                            (n_characters - 1, E)   no padding row
+    word_embed                                            (n_words - 1, D)        only a model that embeds words
     CNN/W_cnn_{i}, CNN/b_cnn_{i}                          (1, width_i, E, count_i), (count_i,)
     CNN_high_{k}/W_carry, W_transform, b_carry, b_transform   (F, F), (F,)
-    CNN_proj/W_proj, CNN_proj/b_proj                      (F, P), (P,)
+    CNN_proj/W_proj, CNN_proj/b_proj                      (F, P), (P,)    (D + F, P) with word_embed: words first
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_0         (P + P, 4H)   rows [input ; recurrent h], gates i j f o
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/B           (4H,)         forget bias +1 NOT included
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_P_0       (H, P)
@@ -37,6 +38,8 @@ def model_to_arrays(model: BiLM) -> dict[str, np.ndarray]:
     """Every weights.hdf5 dataset of a model, keyed by its HDF5 path."""
     enc = model.encoder
     out: dict[str, np.ndarray] = {"char_embed": _np(enc.char_embedding.weight[1:])}
+    if enc.word_embedding is not None:
+        out["word_embed"] = _np(enc.word_embedding.weight[1:])
     for i, (kern, bias) in enumerate(zip(enc.kernels, enc.biases)):
         out[f"CNN/W_cnn_{i}"] = _np(kern).reshape(1, *kern.shape)
         out[f"CNN/b_cnn_{i}"] = _np(bias)
@@ -61,6 +64,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     c, l = config.char_cnn, config.lstm
     E, F, P, H = c.embedding_dim, c.n_filters, l.projection_dim, l.dim
     shapes: dict[str, tuple[int, ...]] = {"char_embed": (c.n_characters - 1, E)}
+    if c.word_dim:
+        shapes["word_embed"] = (c.n_words - 1, c.word_dim)
     for i, (w, n) in enumerate(c.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, w, E, n)
         shapes[f"CNN/b_cnn_{i}"] = (n,)
@@ -68,7 +73,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         for g in ("carry", "transform"):
             shapes[f"CNN_high_{k}/W_{g}"] = (F, F)
             shapes[f"CNN_high_{k}/b_{g}"] = (F,)
-    shapes["CNN_proj/W_proj"] = (F, P)
+    shapes["CNN_proj/W_proj"] = (c.word_dim + F, P)
     shapes["CNN_proj/b_proj"] = (P,)
     for d in range(2):
         for layer in range(l.n_layers):
@@ -116,6 +121,9 @@ def arrays_to_model(model: BiLM, arrays: dict[str, np.ndarray]) -> None:
     enc = model.encoder
     enc.char_embedding.weight[0].zero_()
     enc.char_embedding.weight[1:].copy_(t(arrays["char_embed"]))
+    if enc.word_embedding is not None:
+        enc.word_embedding.weight[0].zero_()
+        enc.word_embedding.weight[1:].copy_(t(arrays["word_embed"]))
     for i, (kern, bias) in enumerate(zip(enc.kernels, enc.biases)):
         kern.copy_(t(arrays[f"CNN/W_cnn_{i}"][0]))
         bias.copy_(t(arrays[f"CNN/b_cnn_{i}"]))

@@ -31,6 +31,10 @@ class CharCNNConfig:
     embedding_dim: int = 16
     n_characters: int = 262  # rows of the char table in prediction form: raw ids + 1 (0 = "no token")
     max_characters_per_token: int = 50
+    # A word embedding beside the characters (ELMoForManyLangs' models, `vocab.chars.EfmlChars`): its rows in
+    # prediction form (words + 1) and width D; the projection then reads [word embedding ; highway output].
+    n_words: int = 0
+    word_dim: int = 0
 
     @property
     def n_filters(self) -> int:
@@ -40,6 +44,11 @@ class CharCNNConfig:
     @property
     def max_width(self) -> int:
         return max(w for w, _ in self.filters)
+
+    @property
+    def row_width(self) -> int:
+        """Ids per token row: the characters, then the word id when the model embeds words."""
+        return self.max_characters_per_token + (self.word_dim > 0)
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class ModelConfig:
             cell_clip = lstm.get("cell_clip") or None
             proj_clip = lstm.get("proj_clip") or None
             filters = tuple((int(w), int(n)) for w, n in cnn["filters"])
+            words = cnn.get("word_embedding") or {}
             cfg = cls(
                 char_cnn=CharCNNConfig(
                     filters=filters,
@@ -82,6 +92,8 @@ class ModelConfig:
                     embedding_dim=int(cnn["embedding"]["dim"]),
                     n_characters=n_chars,
                     max_characters_per_token=int(cnn.get("max_characters_per_token", 50)),
+                    n_words=int(words.get("n_words", 0)),
+                    word_dim=int(words.get("dim", 0)),
                 ),
                 lstm=LSTMConfig(
                     dim=int(lstm["dim"]),
@@ -112,10 +124,14 @@ class ModelConfig:
             raise ElmoError(f"{source}: lstm.dim, lstm.projection_dim and lstm.n_layers must be >= 1")
         if c.n_characters < 6:
             raise ElmoError(f"{source}: char_cnn.n_characters must be at least 6, got {c.n_characters}")
+        if (c.word_dim > 0) != (c.n_words > 1) or c.word_dim < 0:
+            raise ElmoError(f"{source}: char_cnn.word_embedding needs both dim >= 1 and n_words >= 2, got dim "
+                            f"{c.word_dim} and n_words {c.n_words}")
 
     def to_options(self) -> dict[str, Any]:
         """The prediction-form options.json dict (n_characters 262 in byte mode), as allennlp reads it."""
         c, l = self.char_cnn, self.lstm
+        words = {"word_embedding": {"dim": c.word_dim, "n_words": c.n_words}} if c.word_dim else {}
         return {
             "lstm": {
                 "use_skip_connections": l.use_skip_connections,
@@ -132,6 +148,7 @@ class ModelConfig:
                 "embedding": {"dim": c.embedding_dim},
                 "n_characters": c.n_characters,
                 "max_characters_per_token": c.max_characters_per_token,
+                **words,
             },
         }
 

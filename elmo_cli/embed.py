@@ -23,7 +23,6 @@ from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.machine import bf16_problem
 from elmo_cli.model.bilm import BiLM, add_boundaries, bilm_layers, to_model_chars
 from elmo_cli.model.lstm import BiLSTMKernel
-from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 
 ENCODER_CHUNK = 256  # distinct tokens per encoder call: (256, 50, F) conv activations = 100 MB at F = 2048
@@ -112,7 +111,7 @@ def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]]
     B = len(sentences)
     n = [len(s) for s in sentences]
     device = tokens.device
-    flat = [t for s in sentences for t in s] + [BOS_TOKEN, EOS_TOKEN]  # the running words, then the boundaries
+    flat = [t for s in sentences for t in s] + [tokens.chars.bos_token, tokens.chars.eos_token]  # then the boundaries
     distinct, inverse = torch.unique(tokens.rows_of(flat), return_inverse=True)  # (U,), (N + 2,)
     words = torch.zeros(B, max(n), dtype=torch.long, device=device)  # padding -> any distinct row
     n_words = torch.tensor(n, device=device)

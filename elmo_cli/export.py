@@ -6,7 +6,11 @@ file that does not match its options is caught here rather than by the user of t
     options.json     prediction form (n_characters 262 in byte mode), no training keys
     weights.hdf5     bilm-tf layout (docs/formats.md, weights.hdf5), read by allennlp's ``Elmo(options_file, weight_file)``
     softmax.hdf5     ``W (V, P)``, ``b (V,)`` when the model has a softmax
-    vocab.txt, chars.json, spm.model     when the source directory has them
+    vocab.txt, chars.json, spm.model     when the source directory has them; an ELMoForManyLangs model's
+                                         dictionaries become chars.json (`vocab.chars.EfmlChars`)
+
+A model that embeds words (ELMoForManyLangs') adds ``word_embed`` to weights.hdf5 and ``word_embedding`` to
+options.json: every elmo-cli command reads it, allennlp's ``Elmo`` cannot (it has no word embedding).
 """
 from __future__ import annotations
 
@@ -36,7 +40,9 @@ def export_model(output: Path, model_dir: Path | None = None, options: Path | No
     tmp.mkdir()
     try:
         save_model_dir(model, tmp)
-        if loaded.directory is not None:  # a model directory (also when given as its options.json)
+        if loaded.text.chars.mode == "efml":  # an ELMoForManyLangs directory: its dictionaries as chars.json
+            loaded.text.save_to(tmp)
+        elif loaded.directory is not None:  # a model directory (also when given as its options.json)
             for name in (VOCAB_FILE, CHARS_FILE, SPM_FILE):
                 if (loaded.directory / name).is_file():
                     shutil.copyfile(loaded.directory / name, tmp / name)

@@ -31,7 +31,6 @@ from torch import nn
 from elmo_cli.inputs import char_ids_batch
 from elmo_cli.loading import LoadedModel, load_model
 from elmo_cli.model.bilm import BiLM, add_boundaries, bilm_layers, to_model_chars
-from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 from vocab.text import check_new_output, publish, temporary_path
 
@@ -81,7 +80,8 @@ FORMAT_VERSION = "1"
 CHAR_RULE = ("char_ids[b, t] = the token's character ids + 1 (allennlp batch_to_ids): begin-of-word 259, the "
              "token's first W-2 UTF-8 bytes each + 1, end-of-word 260, then 261 up to W; rows of zeros are padding "
              "after the sentence; no <S>/</S> (the graph adds them). chars.json: mode codepoint replaces bytes by "
-             "its table's ids.")
+             "its table's ids; mode efml (an ELMoForManyLangs model) by its dictionary's, and a row then ends "
+             "with the token's word id + 1 (W + 1 columns).")
 
 
 def require_serving(onnx: bool = True) -> None:
@@ -108,7 +108,7 @@ def char_batch(chars, sentences: list[list[str]]) -> np.ndarray:
 def bilm_graph(loaded: LoadedModel) -> BiLMGraph:
     """`BiLMGraph` of a loaded model, in eval mode on the CPU, with its character encoder's boundary rows."""
     chars = loaded.text.chars
-    bos, eos = to_model_chars(chars.encode_tokens([BOS_TOKEN, EOS_TOKEN]))  # (W,) each
+    bos, eos = to_model_chars(chars.encode_tokens([chars.bos_token, chars.eos_token]))  # (W,) each
     return BiLMGraph(loaded.model.cpu().eval(), bos, eos).eval()
 
 
@@ -120,7 +120,7 @@ def bilm_metadata(loaded: LoadedModel) -> dict[str, str]:
         "elmo_cli.format_version": FORMAT_VERSION,
         "elmo_cli.chars": json.dumps(loaded.text.chars.to_json()),
         "elmo_cli.options": json.dumps(loaded.model.config.to_options()),
-        "elmo_cli.inputs": f"char_ids int64 (batch, tokens, {loaded.text.chars.max_chars})",
+        "elmo_cli.inputs": f"char_ids int64 (batch, tokens, {loaded.text.chars.row_width})",
         "elmo_cli.outputs": f"layers float32 (batch, {loaded.model.n_layers}, tokens, {P2}); mask bool (batch, tokens)",
         "elmo_cli.char_rule": CHAR_RULE,
     }

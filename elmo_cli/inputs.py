@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from vocab.chars import BOS_TOKEN, EOS_TOKEN
 from vocab.errors import ElmoError
 from vocab.text import STDIN, expand_paths, read_lines
 from vocab.tokenize import TextEncoder
@@ -188,10 +187,10 @@ def char_ids_batch(chars, sentences: Sequence[Sequence[str] | np.ndarray], bound
     rows = [s if isinstance(s, np.ndarray) else chars.encode_tokens(list(s)) for s in sentences]
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
     T = max([len(r) for r in rows] + [0 if boundaries else 1])
-    ids = torch.zeros(len(rows), T, chars.max_chars, dtype=torch.long)
+    ids = torch.zeros(len(rows), T, chars.row_width, dtype=torch.long)
     if int(lengths.sum()):
         ids[torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)] = to_model_chars(np.concatenate(rows))
     if boundaries:
-        bos, eos = to_model_chars(chars.encode_tokens([BOS_TOKEN, EOS_TOKEN]))  # (W,) each
+        bos, eos = to_model_chars(chars.encode_tokens([chars.bos_token, chars.eos_token]))  # (W,) each
         ids, lengths = add_boundaries(ids, lengths, bos, eos)
     return ids.to(device), lengths.to(device)

@@ -3,7 +3,8 @@
 Every command that takes a model accepts a model directory (a run directory or an `export` output:
 options.json, weights.hdf5, optional softmax.hdf5, vocab.txt, chars.json, spm.model), the path of an options.json
 file with its weights beside it (``x_options.json`` + ``x_weights.hdf5``, as the published ELMo models are named)
-or given as `--weights F`, or the two bilm-tf files `--options F --weights F` (`elmo_cli.model_files`).
+or given as `--weights F`, the two bilm-tf files `--options F --weights F`, or an ELMoForManyLangs model directory
+as it is unzipped (`elmo_cli.efml`); `read_model` is where the formats part (`elmo_cli.model_files`).
 Any of these files may be given as an http(s) URL: it is downloaded once into the cache (`elmo_cli.fetch`).
 """
 from __future__ import annotations
@@ -16,9 +17,11 @@ import torch
 from elmo_cli.bilm_format import load_bilm
 from elmo_cli.model_files import ModelFiles, model_files
 from elmo_cli.config import ModelConfig, load_options
+from elmo_cli.efml import load_efml, read_efml
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import BiLSTMKernel
 from vocab.chars import ByteChars
+from vocab.efml import read_efml_chars
 from vocab.errors import ElmoError
 from vocab.tokenize import TextEncoder
 
@@ -57,13 +60,27 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
+def model_text(files: ModelFiles) -> TextEncoder:
+    """A model's text processing (tokenizer, vocabulary, character encoder) without reading its weights."""
+    if files.efml:
+        return TextEncoder(chars=read_efml_chars(files.directory))
+    return TextEncoder.from_dir(files.directory) if files.directory is not None else TextEncoder(chars=ByteChars())
+
+
+def read_model(files: ModelFiles) -> tuple[BiLM, TextEncoder]:
+    """The biLM (eval mode, on the CPU) and its text processing, whatever the model's format."""
+    if files.efml:
+        net, chars = load_efml(files.directory)
+        return net, TextEncoder(chars=chars)
+    return load_bilm(files.options, files.weights, files.softmax), model_text(files)
+
+
 def load_model(model: Path | str | ModelFiles | None = None, options: Path | str | None = None,
                weights: Path | str | None = None, device: str | None = "auto") -> LoadedModel:
     """Load a biLM for prediction: a model directory, an options.json path, or bilm-tf `options` + `weights`
-    (each file also as an http(s) URL)."""
+    (each file also as an http(s) URL), or an ELMoForManyLangs directory."""
     files = model_files(model, options, weights)
-    net = load_bilm(files.options, files.weights, files.softmax)
-    text = TextEncoder.from_dir(files.directory) if files.directory is not None else TextEncoder(chars=ByteChars())
+    net, text = read_model(files)
     want = text.chars.n_characters + 1
     have = net.config.char_cnn.n_characters
     if want != have:
@@ -88,15 +105,15 @@ def set_threads(threads: int | None) -> None:
 
 def model_architecture(model: Path | ModelFiles) -> ModelConfig:
     """The architecture of a trained model (its options.json): fine-tuning keeps its shape."""
-    return load_options(model_files(model).options)
+    files = model_files(model)
+    return read_efml(files.directory)[0] if files.efml else load_options(files.options)
 
 
 def init_from(model: BiLM, source: Path | ModelFiles, encoder: TextEncoder, reset_softmax: bool) -> list[str]:
     """Copy a trained model's encoder and LSTMs into `model`; map softmax rows of words in both vocabularies."""
     files = model_files(source)
-    src = load_bilm(files.options, files.weights, files.softmax)
+    src, own = read_model(files)
     notes = []
-    own = TextEncoder.from_dir(files.directory) if files.directory is not None else TextEncoder(chars=ByteChars())
     if own.chars.to_json() != encoder.chars.to_json():
         raise ElmoError(f"{files}: its character encoder ({own.chars.mode}) differs from the shards' "
                         f"({encoder.chars.mode}); shard the fine-tuning text with the model's chars.json")

@@ -1,7 +1,7 @@
 """Which files a model argument names: every command's ``--model``, ``--options``, ``--weights`` (and the Python
 API's) resolved to a biLM's `ModelFiles` — a model directory, an options.json file with its weights beside it
 (``x_options.json`` + ``x_weights.hdf5``, as the published ELMo models are named) or given, the two bilm-tf files,
-or URLs of them (downloaded once into the cache, `elmo_cli.fetch`). Each mistake is one `ElmoError` naming the path
+an ELMoForManyLangs model directory (`vocab.efml`), or URLs of the bilm-tf files (downloaded once into the cache, `elmo_cli.fetch`). Each mistake is one `ElmoError` naming the path
 and the flag. The files' contents are read by `elmo_cli.bilm_format`.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo_cli.fetch import fetch, is_url
+from vocab.efml import CONFIG_FILE, ENCODER, is_efml_dir
 from vocab.errors import ElmoError
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -19,12 +20,14 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 @dataclass(frozen=True)
 class ModelFiles:
     """Where a biLM's files are. `directory` holds vocab.txt, chars.json and spm.model when the model came as a
-    directory (a run or an `export`); a bare bilm-tf pair (the published files) has none."""
+    directory (a run or an `export`); a bare bilm-tf pair (the published files) has none. An ELMoForManyLangs
+    directory (`efml`) has its config.json as `options` and its encoder.pkl as `weights` (`elmo_cli.efml`)."""
 
     options: Path
     weights: Path
     softmax: Path | None = None
     directory: Path | None = None
+    efml: bool = False
 
     def __str__(self) -> str:
         return str(self.directory) if self.directory is not None else str(self.options)
@@ -98,10 +101,13 @@ def resolve_model_files(model: Path | str | None, options: Path | str | None,
         if model.is_dir():
             if weights is not None:
                 raise ElmoError(f"--weights goes with an options.json file, not a model directory ({model})")
+            if is_efml_dir(model):
+                return ModelFiles(model / CONFIG_FILE, model / ENCODER, None, model, efml=True)
             for name in ("options.json", "weights.hdf5"):
                 if not (model / name).is_file():
                     raise ElmoError(f"{model}: not a model directory (no {name}); a trained run directory or an "
-                                    f"`elmo-cli export` output has options.json and weights.hdf5")
+                                    f"`elmo-cli export` output has options.json and weights.hdf5, an "
+                                    f"ELMoForManyLangs model config.json, char.dic and its .pkl files")
             sm = model / "softmax.hdf5"
             return ModelFiles(model / "options.json", model / "weights.hdf5", sm if sm.is_file() else None, model)
         if not model.exists():

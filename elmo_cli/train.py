@@ -185,10 +185,17 @@ def open_shards(directory: Path, what: str = "--data") -> ShardDataset:
 
 
 def fit_to_data(config: RunConfig, dataset: ShardDataset) -> RunConfig:
-    """Set the character table size and token width from the shards' character encoder."""
+    """Set the character table size and token width from the shards' character encoder (and the word table's size
+    when the shards carry word ids: an ELMoForManyLangs model's dictionaries, for `--init-from` that model)."""
     chars = dataset.chars
+    words = getattr(chars, "words", None)
+    if words is not None and not config.model.char_cnn.word_dim:
+        raise ElmoError(f"{dataset.directory}: shards made with an ELMoForManyLangs model's word dictionary train "
+                        f"only from that model (--init-from its directory)")
     cnn = dataclasses.replace(config.model.char_cnn, n_characters=chars.n_characters + 1,
-                              max_characters_per_token=chars.max_chars)
+                              max_characters_per_token=chars.max_chars,
+                              n_words=len(words) + 1 if words is not None else 0,
+                              word_dim=config.model.char_cnn.word_dim if words is not None else 0)
     model = dataclasses.replace(config.model, char_cnn=cnn)
     model.validate("config")
     return dataclasses.replace(config, model=model)

@@ -41,6 +41,8 @@ class _CharEncoder:
     """
 
     mode = ""
+    bos_token, eos_token = BOS_TOKEN, EOS_TOKEN  # the literal tokens that encode as the sentence-boundary rows
+    row_dtype = CHAR_DTYPE
 
     def __init__(self, max_chars: int, n_base: int):
         if max_chars < 3:
@@ -80,6 +82,11 @@ class _CharEncoder:
         """Raw ids in use (261 in byte mode); the model's table has this + 1 rows."""
         return self.n_base + 5
 
+    @property
+    def row_width(self) -> int:
+        """Ids in one token's row: ``max_chars`` (an encoder with a word table adds the word id, `EfmlChars`)."""
+        return self.max_chars
+
     def _special_row(self, char: int) -> np.ndarray:
         row = np.full(self.max_chars, self.pad_char, dtype=CHAR_DTYPE)
         row[0], row[1], row[2] = self.bow_char, char, self.eow_char
@@ -101,30 +108,36 @@ class _CharEncoder:
         self.__dict__.update(state)
         self._init_rows()
 
+    def char_row(self, token: str) -> np.ndarray:
+        """The character ids of one token, shape ``(max_chars,)``: the boundary rows for `bos_token` and
+        `eos_token`, else ``[bow, c_1 .. c_k, eow, pad ...]`` with ``k <= max_chars - 2``."""
+        if token == self.bos_token:
+            return self._bos_row
+        if token == self.eos_token:
+            return self._eos_row
+        kept = self.base_ids(token)[: self.max_chars - 2]
+        row = np.full(self.max_chars, self.pad_char, dtype=CHAR_DTYPE)
+        row[0] = self.bow_char
+        row[1 : 1 + len(kept)] = kept
+        row[1 + len(kept)] = self.eow_char
+        return row
+
     def encode(self, token: str) -> np.ndarray:
-        """Raw ids of one token, shape ``(max_chars,)``, dtype uint16 (read-only: rows are cached and shared)."""
+        """Raw ids of one token, shape ``(row_width,)`` (read-only: rows are cached and shared)."""
         row = self._cache.get(token)
         if row is not None:
             return row
-        if token == BOS_TOKEN:
-            row = self._bos_row
-        elif token == EOS_TOKEN:
-            row = self._eos_row
-        else:
-            kept = self.base_ids(token)[: self.max_chars - 2]
-            row = np.full(self.max_chars, self.pad_char, dtype=CHAR_DTYPE)
-            row[0] = self.bow_char
-            row[1 : 1 + len(kept)] = kept
-            row[1 + len(kept)] = self.eow_char
+        row = self.char_row(token)
+        if row.flags.writeable:
             row.flags.writeable = False  # cached rows are shared between calls
         if len(self._cache) < 1_000_000:
             self._cache[token] = row
         return row
 
     def encode_tokens(self, tokens: list[str]) -> np.ndarray:
-        """Raw ids of a token list, shape ``(n, max_chars)``."""
+        """Raw ids of a token list, shape ``(n, row_width)``."""
         if not tokens:
-            return np.zeros((0, self.max_chars), dtype=CHAR_DTYPE)
+            return np.zeros((0, self.row_width), dtype=self.row_dtype)
         return np.stack([self.encode(t) for t in tokens])
 
 
@@ -192,7 +205,56 @@ class CodepointChars(_CharEncoder):
         return {"mode": self.mode, "max_characters_per_token": self.max_chars, "characters": "".join(self.characters)}
 
 
-def load_chars(obj: dict) -> ByteChars | CodepointChars:
+class EfmlChars(CodepointChars):
+    """ELMoForManyLangs' character and word dictionaries (``char.dic``, ``word.dic``) as one token encoder.
+
+    The characters are `CodepointChars`' with the dictionary's characters in its id order, its ``<oov>`` as the
+    fallback, its ``<bos>``/``<eos>`` as the boundary characters, and its own begin/end-of-word assignment: its code
+    (``frontend.create_one_batch``) puts the ``<eow>`` entry's id first in every row and the ``<bow>`` entry's id
+    after the last character, so `bow_char` holds ``<eow>``'s row and `eow_char` ``<bow>``'s (`vocab.efml`
+    arranges the rows). The literal tokens ``<bos>``/``<eos>`` are the sentence boundaries.
+
+    A model that embeds words too has `words` (``word.dic``'s entries by id, ``""`` for an id no entry reaches):
+    a token's row then ends with one more id, its word's (of the token cut to ``max_chars - 2`` characters, as
+    EFML looks it up), or ``<oov>``'s. ``EfmlChars(["a"], 5, ["<oov>", "<pad>", "a"]).encode("a")`` ->
+    ``[4, 0, 5, 6, 6, 2]`` (``bow`` 4, ``a`` 0, ``eow`` 5, ``pad`` 6, then word ``a``, 2).
+    """
+
+    mode = "efml"
+    bos_token, eos_token = "<bos>", "<eos>"
+
+    def __init__(self, characters: list[str], max_chars: int = MAX_CHARS, words: list[str] | None = None):
+        self.words = list(words) if words is not None else None
+        if self.words is not None:
+            self._word_index = {w: i for i, w in enumerate(self.words) if w}
+            if "<oov>" not in self._word_index:
+                raise ElmoError("the word dictionary has no <oov> entry")
+            self.word_fallback = self._word_index["<oov>"]
+        super().__init__(characters, max_chars)
+
+    @property
+    def row_dtype(self):
+        return np.int32 if self.words is not None else CHAR_DTYPE
+
+    @property
+    def row_width(self) -> int:
+        return self.max_chars + (self.words is not None)
+
+    def char_row(self, token: str) -> np.ndarray:
+        row = super().char_row(token)
+        if self.words is None:
+            return row
+        key = token if token in (self.bos_token, self.eos_token) else token[: self.max_chars - 2]
+        return np.append(row.astype(np.int32), np.int32(self._word_index.get(key, self.word_fallback)))
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        if self.words is not None:
+            out["words"] = self.words
+        return out
+
+
+def load_chars(obj: dict) -> ByteChars | CodepointChars | EfmlChars:
     """The character encoder described by a ``to_json()`` dict (as stored in ``chars.json``)."""
     if not isinstance(obj, dict):
         raise ElmoError(f"character settings must be a JSON object, got {type(obj).__name__}")
@@ -202,12 +264,17 @@ def load_chars(obj: dict) -> ByteChars | CodepointChars:
         raise ElmoError(f"max_characters_per_token must be an integer, got {max_chars!r}")
     if mode == "bytes":
         return ByteChars(max_chars)
-    if mode == "codepoint":
+    if mode in ("codepoint", "efml"):
         chars = obj.get("characters")
         if not isinstance(chars, str):
-            raise ElmoError("codepoint character settings lack the 'characters' string")
-        return CodepointChars(list(chars), max_chars)
-    raise ElmoError(f"unknown character mode {mode!r}; expected 'bytes' or 'codepoint'")
+            raise ElmoError(f"{mode} character settings lack the 'characters' string")
+        if mode == "codepoint":
+            return CodepointChars(list(chars), max_chars)
+        words = obj.get("words")
+        if words is not None and not (isinstance(words, list) and all(isinstance(w, str) for w in words)):
+            raise ElmoError("efml character settings: 'words' must be a list of strings")
+        return EfmlChars(list(chars), max_chars, words)
+    raise ElmoError(f"unknown character mode {mode!r}; expected 'bytes', 'codepoint' or 'efml'")
 
 
 def save_chars(chars: ByteChars | CodepointChars, path: str | Path) -> None:

@@ -8,7 +8,9 @@ Directory layout (``FORMAT_VERSION`` 1)::
     DIR/shard-00000/           one directory per shard, four .npy files (np.load(mmap_mode="r") works):
         token_ids.npy    int32  (n_tokens,)          vocabulary id of each running token
         char_index.npy   int32  (n_tokens,)          row of char_table for each running token
-        char_table.npy   uint16 (n_distinct, W)      raw character ids, once per distinct token of the shard
+        char_table.npy   uint16 (n_distinct, W)      raw character ids, once per distinct token of the shard (an
+                                                     ELMoForManyLangs model's encoder: int32 (n_distinct, W + 1),
+                                                     the word id last, `vocab.chars.EfmlChars`)
         offsets.npy      int64  (n_sentences + 1,)   sentence i is tokens offsets[i]:offsets[i+1]
 
 ``<S>``/``</S>`` are not stored; readers add them. Blank lines are skipped (and counted).
@@ -40,7 +42,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from vocab.chars import CHAR_DTYPE, MAX_CHARS, CodepointChars, read_chars
+from vocab.chars import MAX_CHARS, CodepointChars, read_chars
+from vocab.efml import is_efml_dir, read_efml_chars
 from vocab.errors import ElmoError
 from vocab.text import STDIN, atomic_write_bytes, expand_paths, read_json, read_lines
 from vocab.tokenize import CHARS_FILE, SPM_FILE, VOCAB_FILE, TextEncoder
@@ -209,9 +212,12 @@ def write_shards(
 
 
 def _reused_chars(where: str):
-    """The character table of an earlier `shard` run (its directory or chars.json), or of a model directory:
-    held-out shards must encode characters as the training shards do."""
+    """The character table of an earlier `shard` run (its directory or chars.json), or of a model directory
+    (an ELMoForManyLangs one too): held-out shards must encode characters as the training shards do, and text to
+    fine-tune a model as the model does."""
     path = Path(where)
+    if path.is_dir() and is_efml_dir(path):
+        return read_efml_chars(path)
     if path.is_dir():
         path = path / CHARS_FILE
     if not path.is_file():
@@ -377,7 +383,7 @@ def _encode_bucket(job: tuple, encoder: TextEncoder) -> dict:
     distinct_ids = encoder.vocab.encode(distinct)
     token_ids = distinct_ids[char_index]
     chars = encoder.chars
-    char_table = np.empty((len(distinct), chars.max_chars), dtype=CHAR_DTYPE)
+    char_table = np.empty((len(distinct), chars.row_width), dtype=chars.row_dtype)
     for i, t in enumerate(distinct):
         char_table[i] = chars.encode(t)
     chars._cache.clear()
@@ -503,8 +509,8 @@ class ShardDataset:
         if n_tokens < 1:
             raise ValueError("n_tokens must be positive")
         vocab, chars = self.vocab, self.chars
-        bos = (np.array([vocab.bos_id], np.int32), chars.encode("<S>")[None])
-        eos = (np.array([vocab.eos_id], np.int32), chars.encode("</S>")[None])
+        bos = (np.array([vocab.bos_id], np.int32), chars.encode(chars.bos_token)[None])
+        eos = (np.array([vocab.eos_id], np.int32), chars.encode(chars.eos_token)[None])
         ids_buf: list[np.ndarray] = []
         chr_buf: list[np.ndarray] = []
         have = 0

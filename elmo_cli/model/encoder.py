@@ -38,6 +38,9 @@ class TokenEncoder(nn.Module):
 
     Parameters: ``char_embedding (n_characters, E)`` with row 0 fixed at zero, ``kernels[i] (width_i, E, count_i)``
     (bilm-tf's ``W_cnn_i`` without its leading 1), ``biases[i] (count_i,)``, ``highways``, ``projection (F -> P)``.
+    A model that embeds words too (``config.word_dim`` D > 0, ELMoForManyLangs') has ``word_embedding
+    (n_words, D)`` (row 0 zero), reads the word id from the last column of each token row, and projects
+    ``[word embedding ; highway output]`` (``projection (D + F -> P)``).
     """
 
     def __init__(self, config: CharCNNConfig, projection_dim: int):
@@ -51,7 +54,9 @@ class TokenEncoder(nn.Module):
         self.biases = nn.ParameterList([nn.Parameter(torch.zeros(n)) for _, n in config.filters])
         F_ = config.n_filters
         self.highways = nn.ModuleList([Highway(F_) for _ in range(config.n_highway)])
-        self.projection = nn.Linear(F_, projection_dim)
+        self.word_embedding = (nn.Embedding(config.n_words, config.word_dim, padding_idx=0) if config.word_dim
+                               else None)
+        self.projection = nn.Linear(config.word_dim + F_, projection_dim)
         for hw in self.highways:  # bilm-tf starts highways carrying the input through (negative carry bias)
             nn.init.constant_(hw.carry.bias, -2.0)
         self.kmax = config.max_width
@@ -76,7 +81,8 @@ class TokenEncoder(nn.Module):
     def forward(self, chars: torch.Tensor, trim: bool = True) -> torch.Tensor:
         """
         # Parameters
-        chars : `torch.LongTensor`, shape `(N, W)`, prediction-form character ids (0 = padding).
+        chars : `torch.LongTensor`, shape `(N, W)` (`(N, W + 1)` with a word embedding: the word id last),
+            prediction-form ids (0 = padding).
         trim : `bool`, optional, (default = `True`): skip the windows that read only trailing padding (see below;
             the same values); under `torch.export` the number of windows is a graph-level size (dynamic in the
             exported graph). False computes all W positions.
@@ -84,6 +90,9 @@ class TokenEncoder(nn.Module):
         # Returns
         `torch.Tensor`, shape `(N, P)`: one embedding per token.
         """
+        words = None
+        if self.word_embedding is not None:
+            chars, words = chars[:, : self.config.max_characters_per_token], chars[:, -1]
         N, W = chars.shape
         # Positions from `n_pos - 1` on read only each token's trailing padding (every token's columns there equal
         # its last column), so all those windows give the same value: computing up to the first of them gives
@@ -112,6 +121,8 @@ class TokenEncoder(nn.Module):
         h = F.relu(pooled) if self.config.activation == "relu" else torch.tanh(pooled)
         for hw in self.highways:
             h = hw(h)
+        if words is not None:
+            h = torch.cat([self.word_embedding(words), h], dim=1)  # (N, D + F)
         return self.projection(h)  # (N, P)
 
     def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None, trim: bool = True
@@ -119,8 +130,8 @@ class TokenEncoder(nn.Module):
         """Encode every distinct token once and scatter back.
 
         # Parameters
-        chars : shape `(..., W)`, prediction-form ids. chunk_size bounds memory under no_grad (distinct tokens per
-        encoder call). trim : see `forward`; False (and no chunk_size) has no data-dependent Python, for export.
+        chars : shape `(..., W)` (`(..., W + 1)` with a word embedding), prediction-form ids. chunk_size bounds
+        memory under no_grad (distinct tokens per encoder call). trim : see `forward`; False (and no chunk_size) has no data-dependent Python, for export.
 
         # Returns
         shape `(..., P)`.

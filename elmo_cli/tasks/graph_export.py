@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from elmo_cli.inputs import length_sorted_batches
+from elmo_cli.loading import model_text
 from elmo_cli.graph_export import BiLMGraph, char_batch, example_chars, require_serving, bilm_graph, write_onnx
 from elmo_cli.tasks import formats
 from elmo_cli.tasks.kinds import get_kind
@@ -158,8 +159,7 @@ def export_task(task_dir: Path, output: Path, fmt: str = "onnx", force: bool = F
         embedder = (model.elmo_in or model.elmo_out).embedder if config.uses_elmo else None
         text = None
         if config.elmo_model is not None:  # the biLM's character encoder and SentencePiece model
-            directory = config.bilm_files(str(Path(task_dir) / "config.json")).directory
-            text = TextEncoder.from_dir(directory) if directory is not None else TextEncoder()
+            text = model_text(config.bilm_files(str(Path(task_dir) / "config.json")))
         words, labels = _lines(config.words), _lines(config.labels)
         info = _task_info(model, words, labels)
         chars = text.chars if text is not None else None
