@@ -120,8 +120,9 @@ def cli_shard(
     seed: int = typer.Option(0, help="Shuffle seed; same input and seed give byte-identical shards."),
     workers: int = typer.Option(1, help="Encoding processes; the output does not depend on it."),
     chars: str = typer.Option("bytes", help="Character ids: bytes (bilm-tf compatible), codepoint (a table of "
-                              "the corpus's code points), or a shard directory whose table to reuse (held-out "
-                              "shards of a codepoint model)."),
+                              "the corpus's code points), or a shard or model directory whose table to reuse "
+                              "(held-out shards of a codepoint model; an ELMoForManyLangs model directory, to fine-tune "
+                              "it with train --init-from)."),
     max_chars_vocab: int = typer.Option(2000, help="Code points kept with --chars codepoint (others share one id)."),
     errors: str = errors_option("CORPUS"),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty output directory."),
@@ -295,7 +296,8 @@ def cli_train(
                                                         "(the command that started the run may be repeated as it "
                                                         "was; only its length may change)."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", parser=path_or_url, metavar="PATH|URL",
-                                             help="Start from a trained biLM (fine-tuning): a model directory, or "
+                                             help="Start from a trained biLM (fine-tuning): a model directory (an "
+                                                  "ELMoForManyLangs one too), or "
                                                   "an options.json file with its weights beside it or given by "
                                                   "--weights; or its http(s) URL (downloaded once into the "
                                                   "cache)."),

@@ -124,7 +124,8 @@ DEFAULT_BATCH_SIZE = 64
 
 def model_option():
     return typer.Option(None, "--model", "-m", parser=fetch.path_or_url, metavar="PATH|URL",
-                        help="The biLM: a model directory (a training run or an `export`), or an options.json file "
+                        help="The biLM: a model directory (a training run, an `export`, or an ELMoForManyLangs model "
+                             "as unzipped), or an options.json file "
                              "with its weights file beside it (x_options.json + x_weights.hdf5, as the published "
                              "ELMo files are named) or given by --weights; or the http(s) URL of such an "
                              "options.json (downloaded once into the cache, with the weights URL beside it).")

@@ -57,7 +57,7 @@ def efml_config(config: dict, where: str, n_characters: int, n_words: int) -> Mo
     try:
         enc, emb = config["encoder"], config["token_embedder"]
         if str(enc["name"]).lower() != "elmo" or str(emb["name"]).lower() != "cnn":
-            raise ElmoError(f"{where}: encoder {enc['name']!r} with token_embedder {emb['name']!r}; elmo-cli reads "
+            raise ElmoError(f"{where}: encoder {enc['name']!r} with token_embedder {emb['name']!r}; this reader takes "
                             f"ELMoForManyLangs models with the 'elmo' encoder and the 'cnn' token embedder (every "
                             f"published model)")
         if int(emb["char_dim"]) <= 0:
