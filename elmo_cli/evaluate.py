@@ -122,7 +122,8 @@ def _check_model(loaded: LoadedModel) -> tuple[SharedSoftmax, Vocabulary]:
     softmax = loaded.model.softmax
     if softmax is None:
         raise ElmoError(f"{where}: the model has no softmax weights (softmax.hdf5), so it cannot score text; "
-                        f"published bilm-tf files do not include them. Train a softmax on top of it with "
+                        f"the published bilm-tf and ELMoForManyLangs files do not include them. Train a softmax on "
+                        f"top of it with "
                         f"`elmo-cli train --init-from {where} --data SHARDS --output RUN`, then evaluate RUN")
     vocab = loaded.text.vocab
     if vocab is None:
