@@ -21,9 +21,7 @@ EFML needs ``overrides`` below 4), and skips with one line when it is not there.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results import Recording, own_peak_rss_mb
+from benchmarks.results import Recording, child_figures, own_peak_rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 EFML_SITE = ROOT / "bench-out" / "efml-site"
@@ -126,12 +124,7 @@ def _efml_side(model: str):
 
 
 def _run_child(side: str, model: Path, plan: Path, out: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "benchmarks.bench_efml", "--child", side, str(model), str(plan),
-                        str(out)], capture_output=True, text=True, env=env, cwd=ROOT)
-    if r.returncode != 0:
-        raise RuntimeError(f"{side} child failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return child_figures("benchmarks.bench_efml", [side, str(model), str(plan), str(out)], THREADS, ROOT)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,9 +14,7 @@ equal. The result file: benchmarks/results/onnx-DATE.json.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results import Recording, own_peak_rss_mb
+from benchmarks.results import Recording, child_figures, own_peak_rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS, CHECK, REPEATS = 2, 16, 3
@@ -98,12 +96,7 @@ def _onnx_side(model: str):
 
 
 def _run_child(side: str, model: Path, plan: Path, out: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "benchmarks.bench_onnx", "--child", side, str(model), str(plan),
-                        str(out)], capture_output=True, text=True, env=env, cwd=ROOT)
-    if r.returncode != 0:
-        raise RuntimeError(f"{side} child failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return child_figures("benchmarks.bench_onnx", [side, str(model), str(plan), str(out)], THREADS, ROOT)
 
 
 def bench_shape(name: str, work: Path) -> dict:

@@ -116,6 +116,17 @@ def run_measured(args: list[str], cwd: Path | None = None, env: dict | None = No
     return proc.stdout, wall, peak
 
 
+def child_figures(module: str, args: list[str], threads: int, root: Path) -> dict:
+    """``python -m MODULE --child ARGS`` in a fresh process with `threads` OpenMP threads: the JSON object on the
+    last line of its stdout (the side of a side-by-side benchmark measured in a process of its own)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-m", module, "--child", *args], capture_output=True, text=True, env=env,
+                       cwd=root)
+    if r.returncode != 0:
+        raise RuntimeError(f"{module} {args[0]} child failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def machine(threads: int) -> dict:
     import torch
 
