@@ -112,6 +112,8 @@ def resolve_model_files(model: Path | str | None, options: Path | str | None,
             return ModelFiles(model / "options.json", model / "weights.hdf5", sm if sm.is_file() else None, model)
         if not model.exists():
             raise ElmoError(f"{model}: not found (--model takes a model directory or an options.json file)")
+        if model.name == CONFIG_FILE and weights is None and is_efml_dir(model.parent):
+            return resolve_model_files(model.parent, None, None)  # lv.model/config.json means lv.model/
         if model.name == "options.json" and weights is None and (model.parent / "weights.hdf5").is_file():
             return resolve_model_files(model.parent, None, None)  # run/options.json means the directory run/
         options = model

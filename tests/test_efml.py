@@ -63,10 +63,11 @@ def test_dump_gives_efml_own_vectors(model, tmp_path):
     close_to_efml(average, [w.mean(axis=0) for w in expected(model)])
 
 
-def test_embedder_api_reads_the_directory():
+def test_embedder_api_reads_the_directory_or_its_config_json():
     sentences = [line.split() for line in SENTENCES.read_text("utf-8").splitlines()]
-    got = Embedder(str(EFML / "words"), device="cpu").embed_sentences(sentences)
-    close_to_efml([np.asarray(g) for g in got], expected("words"))
+    for model in (EFML / "words", EFML / "words" / "config.json"):
+        got = Embedder(str(model), device="cpu").embed_sentences(sentences)
+        close_to_efml([np.asarray(g) for g in got], expected("words"))
 
 
 def test_character_rows_as_efml_code_assigns_them():
