@@ -116,7 +116,8 @@ def init_from(model: BiLM, source: Path | ModelFiles, encoder: TextEncoder, rese
     notes = []
     if own.chars.to_json() != encoder.chars.to_json():
         raise ElmoError(f"{files}: its character encoder ({own.chars.mode}) differs from the shards' "
-                        f"({encoder.chars.mode}); shard the fine-tuning text with the model's chars.json")
+                        f"({encoder.chars.mode}); shard the fine-tuning text with `elmo-cli shard --chars "
+                        f"{files.directory or 'bytes'}`")
     state = {k: v for k, v in src.state_dict().items() if not k.startswith("softmax.")}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(k.startswith("softmax.") for k in missing), (missing, unexpected)
