@@ -205,15 +205,24 @@ REFERENCES = (
 IN_LINE = 0.02  # ratios this close to a measured one are "in line with" it
 
 
+NEAR = 2.0  # a reference within this factor of the run's corpus size and of its budget is "close"
+
+
 def _when(r: Reference) -> str:
     length = f"{r.minutes:g} min" if r.minutes < 120 else f"{r.minutes / 60:g} h"
     return f"{length} of --preset {r.preset} ({r.ratio:.2f}x{', ' + r.machine if r.machine else ''})"
 
 
-def place_ratio(ratio: float, train_tokens: int, references: tuple[Reference, ...] = REFERENCES) -> str:
-    """One line placing a biLM/KN5 ratio against the measured runs on the corpus nearest in size.
+def _nearest(values, target: float) -> float:
+    return min(values, key=lambda v: abs(math.log(v / target)))
 
-    ``place_ratio(0.63, 800_000)`` -> ``"0.630x KN5: in line with 60 min of --preset laptop (0.63x, AVX2) on
+
+def place_ratio(ratio: float, train_tokens: int, minutes: float | None = None,
+                references: tuple[Reference, ...] = REFERENCES) -> str:
+    """One line placing a biLM/KN5 ratio against the measured runs like it: the corpus nearest in size and, when
+    the run's training time is known, the budget nearest to it; it says so when none is within `NEAR` times.
+
+    ``place_ratio(0.63, 800_000, 60)`` -> ``"0.630x KN5: in line with 60 min of --preset laptop (0.63x, AVX2) on
     0.78M tokens of Austen on 2 CPU threads"``
     """
     head = f"{ratio:.3f}x KN5"
@@ -222,9 +231,17 @@ def place_ratio(ratio: float, train_tokens: int, references: tuple[Reference, ..
                 f"training text; train longer or on more text")
     if not references or train_tokens <= 0:
         return head
-    nearest = min(references, key=lambda r: abs(math.log(r.train_tokens / train_tokens)))
-    rows = sorted((r for r in references if r.corpus == nearest.corpus and r.train_tokens == nearest.train_tokens),
-                  key=lambda r: r.ratio, reverse=True)  # worst first
+    size = _nearest({r.train_tokens for r in references}, train_tokens)
+    rows = [r for r in references if r.train_tokens == size]
+    far = []
+    if not 1 / NEAR <= size / train_tokens <= NEAR:
+        far.append(f"{train_tokens / 1e6:.2f}M tokens")
+    if minutes:
+        budget = _nearest({r.minutes for r in rows}, minutes)
+        rows = [r for r in rows if r.minutes == budget]
+        if not 1 / NEAR <= budget / minutes <= NEAR:
+            far.append(f"{minutes:.0f} min")
+    rows.sort(key=lambda r: r.ratio, reverse=True)  # worst first
     close = [r for r in rows if abs(r.ratio - ratio) <= IN_LINE]
     if close:
         where = "in line with " + _when(min(close, key=lambda r: abs(r.ratio - ratio)))
@@ -236,5 +253,7 @@ def place_ratio(ratio: float, train_tokens: int, references: tuple[Reference, ..
         above = next(r for r in rows if r.ratio < ratio)
         below = [r for r in rows if r.ratio > ratio][-1]
         where = f"between {_when(below)} and {_when(above)}"
-    scale = f"{nearest.train_tokens / 1e6:.2f}M"
-    return f"{head}: {where} on {scale} tokens of {nearest.corpus} on 2 CPU threads"
+    line = f"{head}: {where} on {size / 1e6:.2f}M tokens of {rows[0].corpus} on 2 CPU threads"
+    if far:
+        line += f" (no run near this one's {' and '.join(far)} was measured: the nearest is shown)"
+    return line

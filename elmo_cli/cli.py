@@ -231,7 +231,7 @@ def _print_train_result(result) -> None:
         from elmo_cli.baselines import place_ratio
 
         ratio = result.best["average_perplexity"] / result.baseline["average_perplexity"]
-        console.print(place_ratio(ratio, result.train_tokens), highlight=False)
+        console.print(place_ratio(ratio, result.train_tokens, result.run_seconds / 60), highlight=False)
 
 
 @command(app, "train", "Train a biLM on shards (its help lists the presets).", more=presets_table())
@@ -440,9 +440,11 @@ def cli_evaluate(
     console.print(f"full softmax over {result.vocab_size:,} words, no dropout; {mode}", highlight=False)
     if "kn5" in refs and not exclude_unk and not stateful:
         from elmo_cli.baselines import place_ratio
+        from elmo_cli.plot import run_minutes
 
         ratio = result.average_perplexity / refs["kn5"]["average_perplexity"]
-        console.print(place_ratio(ratio, refs["kn5"]["train_words"]), highlight=False)
+        console.print(place_ratio(ratio, refs["kn5"]["train_words"], run_minutes(loaded.directory)),
+                      highlight=False)
     if per_sentence is not None:
         console.print(f"per-sentence scores: {per_sentence}", highlight=False)
 

@@ -29,6 +29,18 @@ class RunMetrics:
     baseline: dict | None = None
 
 
+def run_minutes(run_dir: str | Path | None) -> float | None:
+    """Training minutes of a run directory (every invocation, from its metrics.jsonl), or None when `run_dir` is not
+    a run directory (an export, bilm-tf files): how long the model behind a score trained."""
+    if run_dir is None or not (Path(run_dir) / METRICS_FILE).is_file():
+        return None
+    try:
+        run = read_metrics(run_dir)
+    except ElmoError:
+        return None
+    return max(r.get("elapsed", 0.0) for r in run.train + run.validation) / 60
+
+
 def read_metrics(run_dir: str | Path) -> RunMetrics:
     """The records of ``RUN/metrics.jsonl`` by kind (a line cut by a kill is skipped)."""
     run_dir = Path(run_dir)

@@ -87,6 +87,7 @@ class TrainResult:
     baseline: dict | None = None
     best: dict | None = None
     train_tokens: int = 0  # the shards' words (the manifest's total_tokens)
+    run_seconds: float = 0.0  # training seconds of every invocation of the run (a resumed run's earlier parts too)
 
 
 # ---- the loss module (what DDP wraps) -----------------------------------------------------------------------------
@@ -795,6 +796,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
         dist.barrier()
     return TrainResult(run_dir=run_dir, step=run.step, total_steps=total, stopped=stopped,
                        train_loss=meter.last_mean, tokens_per_s=meter.rate, elapsed=time.monotonic() - tr.start,
+                       run_seconds=tr.elapsed(),
                        checkpoint=tr.last_checkpoint, validation=validation, resumed_from=resumed_from,
                        world_size=tr.ddp.world_size, notes=tr.state.notes, baseline=tr.baseline, best=run.best,
                        train_tokens=tr.dataset.total_tokens)

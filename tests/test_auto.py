@@ -296,13 +296,30 @@ REFS = (Reference("A", 800_000, 15, "auto", 0.80), Reference("A", 800_000, 60, "
     (1.07, 800_000, "1.070x KN5: the biLM does not yet predict this text better than a 5-gram Kneser-Ney"),
 ])
 def test_place_ratio(ratio, tokens, expected):
-    assert place_ratio(ratio, tokens, REFS).startswith(expected)
+    assert place_ratio(ratio, tokens, references=REFS).startswith(expected)
+
+
+@pytest.mark.parametrize("ratio, tokens, minutes, expected", [
+    # a 60-minute run is placed among the 60-minute runs only, not beside 15 min or 2 h of the same corpus
+    (0.74, 900_000, 55, "0.740x KN5: short of 60 min of --preset auto (0.68x) on 0.80M tokens of A on 2 CPU threads"),
+    (0.79, 800_000, 20, "0.790x KN5: in line with 15 min of --preset auto (0.80x) on 0.80M tokens of A on 2 CPU "
+                        "threads"),
+    (0.60, 800_000, 150, "0.600x KN5: in line with 2 h of --preset auto (0.61x) on 0.80M tokens of A on 2 CPU "
+                         "threads"),
+    # nothing measured near: the nearest shown, and said so
+    (0.75, 5_000_000, 60, "0.750x KN5: short of 60 min of --preset auto (0.68x) on 0.80M tokens of A on 2 CPU "
+                          "threads (no run near this one's 5.00M tokens was measured: the nearest is shown)"),
+    (0.58, 800_000, 600, "0.580x KN5: better than 2 h of --preset auto (0.61x) on 0.80M tokens of A on 2 CPU "
+                         "threads (no run near this one's 600 min was measured: the nearest is shown)"),
+])
+def test_place_ratio_compares_like_with_like(ratio, tokens, minutes, expected):
+    assert place_ratio(ratio, tokens, minutes, references=REFS) == expected
 
 
 def test_place_ratio_names_the_machine_of_a_reference():
     refs = (Reference("K", 800_000, 60, "laptop", 0.69, "AVX2"), Reference("K", 800_000, 60, "auto", 0.67,
                                                                             "AVX-512 BF16"))
-    assert place_ratio(0.672, 800_000, refs) == ("0.672x KN5: in line with 60 min of --preset auto (0.67x, AVX-512 "
+    assert place_ratio(0.672, 800_000, references=refs) == ("0.672x KN5: in line with 60 min of --preset auto (0.67x, AVX-512 "
                                                 "BF16) on 0.80M tokens of K on 2 CPU threads")
 
 
