@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn", "onnx", "efml"]
-LONG = {"quality", "change"}  # by name only: quality takes hours (`make bench-quality`), change a second checkout
+LONG = {"quality", "change", "rows"}  # by name only: quality takes hours (`make bench-quality`), change a second
+# checkout, rows ten minutes of what auto rests on
 
 
 def main(argv: list[str]) -> int:
