@@ -5,9 +5,18 @@ A figure table in README.md or docs/*.md is preceded by a line naming its result
     Results: `benchmarks/results/repeat-2026-11-26.json` (`python -m benchmarks.bench_repeat`)
 
 Every number in that table's body, but for its first column (the row's name), must be one of the files' numbers as
-printed: the same value at the precision the
-table shows (``2,828`` is 2828 rounded to a unit, ``1.112`` to a thousandth). The command, machine, date and load are
-in the file, so a reader can trace each figure to the run that measured it.
+printed: the same value at the precision the table shows (``2,828`` is 2828 rounded to a unit, ``1.112`` to a
+thousandth). Three kinds of file:
+
+- ``benchmarks/results/NAME-DATE.json``, written by `benchmarks.results.Recording`: the command, commit, date,
+  machine and load beside ``figures``, whose numbers are the table's;
+- ``benchmarks/results/NAME.jsonl``, one record per line (one run each, as `benchmarks.bench_quality` writes them):
+  every line has its date, its commit (``commit`` or ``code``) and its machine (``cpu``, ``machine`` or
+  ``device``); every number of every line counts;
+- ``examples/**.txt``, a command's saved output (``make demo``'s, ``make demo-task``'s): a header of ``#`` lines
+  with the command, machine and date, then the output; every number in it counts.
+
+Numbers inside a record's strings count too (the ``auto:`` line's ``1,860 tokens/s``, a shape ``1024/256``).
 """
 import json
 import re
@@ -17,8 +26,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-RESULTS_LINE = re.compile(r"^Results: `benchmarks/results/")
-RESULTS_FILE = re.compile(r"`(benchmarks/results/[^`]+\.json)`")
+RESULTS_LINE = re.compile(r"^Results: `(benchmarks/results|examples)/")
+RESULTS_FILE = re.compile(r"`((?:benchmarks/results|examples)/[^`]+\.(?:json|jsonl|txt))`")
+DATE = re.compile(r"20\d\d-\d\d-\d\d")
 NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?![\w])")
 
 
@@ -52,7 +62,36 @@ def leaves(value) -> list[float]:
         return [x for v in value.values() for x in leaves(v)]
     if isinstance(value, list):
         return [x for v in value for x in leaves(v)]
+    if isinstance(value, str):
+        return numbers_in(value)
     return []
+
+
+def numbers_in(text: str) -> list[float]:
+    return [float(n.replace(",", "")) for n in NUMBER.findall(text)]
+
+
+def figures_of(name: str) -> list[float]:
+    """The numbers a table may quote from one results file; asserts the file says what ran, where and when."""
+    path = ROOT / name
+    assert path.is_file(), f"{name} does not exist"
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        record = json.loads(text)
+        for key in ("command", "commit", "date", "machine", "load_before", "load_after", "figures"):
+            assert key in record, f"{name}: no {key!r}"
+        return leaves(record["figures"])
+    if path.suffix == ".jsonl":
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        assert records, f"{name}: no records"
+        for k, record in enumerate(records, 1):
+            for keys in (("date",), ("commit", "code"), ("cpu", "machine", "device")):
+                assert any(key in record for key in keys), f"{name}:{k}: none of {keys}"
+        return leaves(records)
+    header = "\n".join(line for line in text.splitlines()[:20] if line.startswith("#"))
+    assert DATE.search(header) and re.search(r"AMD|Intel|NVIDIA|Apple", header), \
+        f"{name}: its '#' header names no date and machine"
+    return numbers_in(text)
 
 
 def printed_as(text: str, values: list[float]) -> bool:
@@ -72,14 +111,8 @@ def test_some_tables_name_their_results():
 @pytest.mark.parametrize("doc, results, line, rows", TABLES,
                          ids=[f"{d.name}:{line}" for d, _, line, _ in TABLES])
 def test_every_figure_is_in_its_results_file(doc, results, line, rows):
-    values = []
-    for name in results:
-        path = ROOT / name
-        assert path.is_file(), f"{doc.name}:{line}: {name} does not exist"
-        record = json.loads(path.read_text())
-        for key in ("command", "commit", "date", "machine", "load_before", "load_after", "figures"):
-            assert key in record, f"{name}: no {key!r}"
-        values += leaves(record["figures"])
+    assert results, f"{doc.name}:{line}: the Results line names no file"
+    values = [x for name in results for x in figures_of(name)]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")][1:]  # the first cell names the row
         for cell in cells:
