@@ -118,3 +118,32 @@ def test_every_figure_is_in_its_results_file(doc, results, line, rows):
         for cell in cells:
             for number in NUMBER.findall(cell):
                 assert printed_as(number, values), f"{doc.name}:{line}: {number} ({row.strip()}) is not in {results}"
+
+
+BOUND = re.compile(r"(?:≤|<=|at most) ?\**(0\.\d+)\** in (60 minutes|2 hours)")
+
+
+def test_each_quality_target_is_stated_once_as_the_benchmark_holds_it():
+    """`auto`'s and `laptop`'s targets live in benchmarks/bench_quality.py; each doc statement of one is theirs,
+    in the doc of that recipe, once."""
+    from benchmarks.bench_quality import TARGETS
+
+    stated = [(doc.name, float(m[1]), 60.0 if m[2] == "60 minutes" else 120.0)
+              for doc in DOCS for m in BOUND.finditer(" ".join(doc.read_text(encoding="utf-8").split()))]
+    home = {"auto": "auto.md", "laptop": "benchmarks.md"}
+    expected = sorted((home[preset], ratio, minutes) for preset, by in TARGETS.items() for minutes, ratio in by.items())
+    assert sorted(stated) == expected
+
+
+@pytest.mark.parametrize("record, target", [
+    ({"preset": "auto", "minutes": 60.0, "train_tokens": 825_573, "corpus": "kjv"}, 0.70),
+    ({"preset": "auto", "minutes": 120, "train_tokens": 1_606_127, "corpus": "austen+kjv"}, 0.62),
+    ({"preset": "auto", "minutes": 60.0, "train_tokens": 205_391, "corpus": "austen-0.2M"}, None),  # not ~1M tokens
+    ({"preset": "auto", "minutes": 15.0, "train_tokens": 825_573, "corpus": "kjv"}, None),
+    ({"preset": "laptop", "minutes": 120.0, "train_tokens": 780_554, "corpus": "austen"}, 0.80),
+    ({"preset": "laptop", "minutes": 60.0, "train_tokens": 825_573, "corpus": "kjv"}, None),  # set on austen only
+])
+def test_the_benchmark_holds_each_run_to_its_recipes_target(record, target):
+    from benchmarks.bench_quality import target_for
+
+    assert target_for(record) == target
