@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from elmo_cli import auto, machine
 from elmo_cli.auto import LADDER, Facts, choose
-from elmo_cli.baselines import Reference, place_ratio
+from elmo_cli.baselines import REFERENCES, Reference, place_ratio
 from elmo_cli.cli import app
 from train_fixtures import make_shards
 
@@ -297,6 +298,44 @@ REFS = (Reference("A", 800_000, 15, "auto", 0.80), Reference("A", 800_000, 60, "
 ])
 def test_place_ratio(ratio, tokens, expected):
     assert place_ratio(ratio, tokens, REFS).startswith(expected)
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+# the flags `benchmarks.bench_quality` gives `train`: a run with any other flag is not a run of the command a
+# reference names ("60 min of --preset auto")
+BENCH_FLAGS = {"--data", "--validation", "--output", "--preset", "--max-time", "--threads"}
+
+
+def _runs(name: str):
+    """(preset, minutes, training tokens, best biLM/KN5, CPU, command or None) of every run in a results file."""
+    path = RESULTS / name
+    if path.suffix == ".jsonl":
+        for line in path.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            yield r["preset"], r["minutes"], r["train_tokens"], r["ratio_kn5"], r.get("cpu", ""), r.get("command")
+        return
+    record = json.loads(path.read_text(encoding="utf-8"))
+    f = record["figures"]  # the laptop recipe's earlier benchmark: validations beside KN5
+    best = min(v["average_perplexity"] for v in f["validations"]) / f["kn5"]
+    yield f["preset"], f["minutes"], f["split"]["train_tokens"], best, record["machine"]["cpu"], None
+
+
+@pytest.mark.parametrize("ref", REFERENCES, ids=lambda r: f"{r.corpus}-{r.minutes:g}m-{r.preset}-{r.machine}")
+def test_every_placement_reference_is_a_recorded_run_of_the_command_it_names(ref):
+    assert ref.record, "a reference names the results file of its run"
+    runs = [r for r in _runs(ref.record) if r[:3] == (ref.preset, ref.minutes, ref.train_tokens)
+            and round(r[3], 3) == ref.ratio]
+    assert runs, f"no run in {ref.record} of --preset {ref.preset} --max-time {ref.minutes:g}m on " \
+                 f"{ref.train_tokens:,} tokens made {ref.ratio}"
+    for *_, cpu, command in runs:
+        if command is not None and command.startswith("elmo-cli train"):
+            flags = {t for t in command.split() if t.startswith("--")}
+            assert flags <= BENCH_FLAGS, f"{command}: {sorted(flags - BENCH_FLAGS)} is not the command named"
+    cpus = {r[4] for r in runs}
+    if ref.machine == "AVX2":
+        assert any("AVX2" in c and "BF16" not in c for c in cpus), cpus
+    else:  # the Zen 4 runs of 2026-11-25 saved "AMD EPYC" alone (bf16 was chosen there, so the CPU had it)
+        assert any("AVX512-BF16" in c or c == "AMD EPYC" for c in cpus), cpus
 
 
 def test_place_ratio_names_the_machine_of_a_reference():
