@@ -29,7 +29,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RESULTS_LINE = re.compile(r"^Results: `(benchmarks/results|examples)/")
 RESULTS_FILE = re.compile(r"`((?:benchmarks/results|examples)/[^`]+\.(?:json|jsonl|txt))`")
 DATE = re.compile(r"20\d\d-\d\d-\d\d")
-NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?![\w])")
+NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?(?![\w])")
 
 
 def tagged_tables(path: Path) -> list[tuple[tuple[str, ...], int, list[str]]]:
@@ -95,10 +95,12 @@ def figures_of(name: str) -> list[float]:
 
 
 def printed_as(text: str, values: list[float]) -> bool:
-    """Whether some value, rounded to the decimals `text` shows, is `text`."""
-    decimals = len(text.split(".")[1]) if "." in text else 0
-    shown = float(text.replace(",", ""))
-    return any(abs(round(v, decimals) - shown) < 0.5 * 10 ** -decimals for v in values)
+    """Whether some value, rounded to the decimals `text` shows, is `text` (``4.8e-6``: 4.77e-6 at two figures)."""
+    mantissa, _, exponent = text.replace(",", "").partition("e")
+    scale = 10.0 ** int(exponent or 0)
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    shown = float(mantissa)
+    return any(abs(round(v / scale, decimals) - shown) < 0.5 * 10 ** -decimals for v in values)
 
 
 TABLES = [(doc, *t) for doc in DOCS for t in tagged_tables(doc)]
