@@ -1,6 +1,6 @@
 """The figures of the docs against the results files they name.
 
-A figure table in README.md or docs/*.md is preceded by a line naming its results file (or files)::
+A figure table in README.md, docs/*.md or an examples/ README is preceded by a line naming its results file (or files)::
 
     Results: `benchmarks/results/repeat-2026-11-26.json` (`python -m benchmarks.bench_repeat`)
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("**/README.md"))]
 RESULTS_LINE = re.compile(r"^Results: `(benchmarks/results|examples)/")
 RESULTS_FILE = re.compile(r"`((?:benchmarks/results|examples)/[^`]+\.(?:json|jsonl|txt))`")
 DATE = re.compile(r"20\d\d-\d\d-\d\d")
