@@ -1,7 +1,8 @@
 """`make bench`: run every benchmarks/bench_*.py `main()` in one process, one after another, in a fixed order.
 
 Each benchmark prints its own figures, measured in this run (ratios against a baseline measured alongside, never
-against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours) and `change` (it compares with another checkout) run only by name.
+against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours), `change` (it compares with another checkout) and
+`targets` (it times the make targets, `make bench` among them) run only by name.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import time
 from pathlib import Path
 
 ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn"]
-LONG = {"quality", "change"}  # by name only: quality takes hours (`make bench-quality`), change a second checkout
+# by name only: quality takes hours (`make bench-quality`), change a second checkout, targets runs `make bench` itself
+LONG = {"quality", "change", "targets"}
 
 
 def main(argv: list[str]) -> int:
