@@ -1,8 +1,8 @@
 """`make bench`: run every benchmarks/bench_*.py `main()` in one process, one after another, in a fixed order.
 
 Each benchmark prints its own figures, measured in this run (ratios against a baseline measured alongside, never
-against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours), `change` (it compares with another checkout) and
-`targets` (it times the make targets, `make bench` among them) run only by name.
+against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours), `change` (it compares with another checkout),
+`targets` (it times the make targets, `make bench` among them) and `probe` (auto's shapes) run only by name.
 """
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn"]
-# by name only: quality takes hours (`make bench-quality`), change a second checkout, targets runs `make bench` itself
-LONG = {"quality", "change", "targets"}
+# by name only: quality takes hours (`make bench-quality`), change a second checkout, targets runs `make bench` itself,
+# probe minutes of training of auto's shapes
+LONG = {"quality", "change", "targets", "probe"}
 
 
 def main(argv: list[str]) -> int:
