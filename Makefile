@@ -31,7 +31,8 @@ test: install
 	$(BIN)/python -m pytest
 
 # The whole pipeline on the Austen demo corpus (examples/demo.sh): the `laptop` recipe for a fixed 1600 steps, then
-# held-out perplexity beside 5-gram Kneser-Ney (biLM/KN5 0.895; about 6 minutes on 2 cores; examples/demo-result.txt).
+# held-out perplexity beside 5-gram Kneser-Ney; it ends by printing what its own run measured. One run's output, with
+# its machine and time: examples/demo-result.txt.
 demo: install
 	bash examples/demo.sh
 
@@ -42,9 +43,10 @@ bench: install
 
 # The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on four corpora
 # (austen-0.2M, austen, kjv, austen+kjv), held-out perplexity beside 5-gram Kneser-Ney: eight runs of up to an hour
-# (the two on austen-0.2M stop at their pass caps, in about half an hour on a fast CPU), 7 to 8.5 hours on 2 quiet
-# cores. The KJV comes from Debian's bible-kjv package (apt-get install bible-kjv). A rerun skips the runs
-# already in bench-out/quality/quality.jsonl.
+# each (the two on austen-0.2M stop at their pass caps sooner), plus splits, probes and Kneser-Ney models. Its whole
+# time is saved as `seconds` in benchmarks/results/quality-DATE.json. The KJV comes from Debian's bible-kjv package
+# (apt-get install bible-kjv); without it the other corpora run. A rerun skips the runs already in
+# bench-out/quality/quality.jsonl.
 bench-quality: install
 	$(BIN)/python -m benchmarks.bench_quality --minutes 60 --out bench-out/quality
 

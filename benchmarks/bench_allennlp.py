@@ -3,11 +3,11 @@
 allennlp is not a dependency (it is archived and pins torch < 1.13). To take this measurement, install it into a
 separate environment next to this project's requirements, without its torch pin, for example:
 
-    python3.11 -m venv /tmp/a311 && /tmp/a311/bin/pip install torch==2.13.0 h5py numpy typer rich sentencepiece
-    /tmp/a311/bin/pip install --no-deps allennlp==2.10.1
-    /tmp/a311/bin/pip install cached-path filelock requests tqdm nltk spacy transformers scipy scikit-learn \\
+    python3.11 -m venv .venv-allennlp && .venv-allennlp/bin/pip install torch==2.13.0 h5py numpy typer rich sentencepiece
+    .venv-allennlp/bin/pip install --no-deps allennlp==2.10.1
+    .venv-allennlp/bin/pip install cached-path filelock requests tqdm nltk spacy transformers scipy scikit-learn \\
         tensorboardX termcolor more-itertools lmdb dill base58 huggingface_hub fairscale protobuf
-    PYTHONPATH=. /tmp/a311/bin/python -m benchmarks.bench_allennlp [small original]
+    PYTHONPATH=. .venv-allennlp/bin/python -m benchmarks.bench_allennlp [small original]
 
 The weights are random in the published shapes (seed 0), written once in bilm-tf's format; allennlp reads those
 files, elmo-cli reads the same files. The sentences are bench_embed's 200 (about 25 tokens each), batch 64, float32,
@@ -15,7 +15,8 @@ the same thread count for both. allennlp is run as its `ElmoEmbedder` does: batc
 from `batch_to_ids`, no gradient, its carried LSTM state reset before each batch (so both compute the same stateless
 vectors); elmo-cli is `dump_embeddings` to an HDF5 file (sorting, windows and file writing
 included). Each side runs five times alternately (the host is shared and noisy); the best time of each is kept, and the layers are checked equal
-(max |diff| < 1e-4) before any figure is printed. Without allennlp importable, prints how to install it and returns.
+(max |diff| < 1e-4) before any figure is printed; the figures go to benchmarks/results/allennlp-DATE.json with the
+machine and load. Without allennlp importable, prints how to install it and returns.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from benchmarks.bench_embed import BATCH, load_sentences
+from benchmarks.results import Recording
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.loading import load_model
@@ -95,10 +97,15 @@ def main(configs: list[str] | None = None) -> None:
     sentences = load_sentences()
     print(f"allennlp {allennlp.version.VERSION}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{len(sentences)} sentences, batch {BATCH}, best of {REPEATS} alternate runs", flush=True)
-    with tempfile.TemporaryDirectory() as d:
+    command = " ".join(["python -m benchmarks.bench_allennlp", *(configs or [])])
+    with tempfile.TemporaryDirectory() as d, Recording("allennlp", command) as rec:
+        rec.figures["allennlp"] = allennlp.version.VERSION
         for name in configs or ["small", "original"]:
             r = run_config(name, sentences, Path(d))
             a, e = r["tokens_per_s"]["allennlp"], r["tokens_per_s"]["elmo-cli"]
+            rec.figures[name] = {"tokens": r["tokens"], "allennlp_tokens_per_s": round(a),
+                                 "elmo_cli_tokens_per_s": round(e), "speedup": round(e / a, 2),
+                                 "largest_difference": r["diff"], "best_seconds": r["best_seconds"]}
             print(f"{name:>9}: allennlp _ElmoBiLm {a:8,.0f} tokens/s | elmo-cli dump-embeddings {e:8,.0f} tokens/s | "
                   f"{e / a:4.1f}x | max |diff| {r['diff']:.1e}", flush=True)
 

@@ -11,7 +11,8 @@
 4. `--preset auto`'s shapes by batch rows: the probe `auto` runs (`train.measure_throughput`, 5 s after two warm-up
    steps) for each shape of `auto.LADDER` at 32, 128 and 512 rows, fp32 and bf16 (docs/auto.md, "On a GPU").
 
-Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine).
+Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine). Where there is one, the
+figures go to benchmarks/results/gpu-DATE.json with the GPU's name, the torch build and the host's load.
 
     python -m benchmarks.bench_gpu
 """
@@ -27,6 +28,7 @@ import torch
 
 from benchmarks.bench_embed import max_diff
 from benchmarks.bench_train import run_preset
+from benchmarks.results import Recording
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.embed import Embedder
@@ -95,11 +97,14 @@ def main() -> None:
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"host CPU threads {torch.get_num_threads()}", flush=True)
-    cpu = reference_difference("cpu", "fp32")
-    for dtype in ("fp32", "bf16"):
-        print(f"reference on cuda, {dtype}: largest difference from allennlp {reference_difference('cuda', dtype):.2e}"
-              f" (CPU fp32 in this run: {cpu:.2e})", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp, \
+            Recording("gpu", "python -m benchmarks.bench_gpu") as rec:
+        rec.figures = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
+        cpu = rec.figures["reference_cpu_fp32"] = reference_difference("cpu", "fp32")
+        for dtype in ("fp32", "bf16"):
+            diff = rec.figures[f"reference_cuda_{dtype}"] = reference_difference("cuda", dtype)
+            print(f"reference on cuda, {dtype}: largest difference from allennlp {diff:.2e} (CPU fp32 in this run: "
+                  f"{cpu:.2e})", flush=True)
         work = Path(tmp)
         build_vocab([CORPUS], work / "vocab.txt")
         write_shards([CORPUS], work / "vocab.txt", work / "shards")
@@ -109,6 +114,10 @@ def main() -> None:
                 r = run_preset(preset, work / "shards", work / f"{preset}-{dtype}", warmup=warmup, measured=measured,
                                device="cuda", dtype=dtype)
                 rates[dtype] = r["tokens_per_s"]
+            rec.figures[f"train_{preset}"] = {"fp32_tokens_per_s": round(rates["fp32"]),
+                                              "bf16_tokens_per_s": round(rates["bf16"]),
+                                              "batch": PRESETS[preset].config.training.batch_size,
+                                              "negatives": r["negatives"]}
             print(f"train {preset:8s} on cuda: fp32 {rates['fp32']:9,.0f} tokens/s | bf16 {rates['bf16']:9,.0f} "
                   f"tokens/s | bf16/fp32 {rates['bf16'] / rates['fp32']:.2f}x (batch "
                   f"{PRESETS[preset].config.training.batch_size}, {r['negatives']} negatives)", flush=True)
@@ -121,11 +130,17 @@ def main() -> None:
         rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
                  for dtype in ("fp32", "bf16")}
         diff = max_diff(work / "cpu.hdf5", work / "cuda-fp32.hdf5")
+        rec.figures["dump_original"] = {"tokens": n, "cuda_fp32_tokens_per_s": round(rates["fp32"]),
+                                        "cuda_bf16_tokens_per_s": round(rates["bf16"]),
+                                        "cpu_fp32_tokens_per_s": round(cpu_rate), "cpu_threads": torch.get_num_threads(),
+                                        "cuda_over_cpu": round(rates["fp32"] / cpu_rate, 2),
+                                        "largest_cuda_cpu_difference": diff}
         print(f"dump original, {len(lines):,} lines, {n:,} tokens: cuda fp32 {rates['fp32']:9,.0f} tokens/s | "
               f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
               f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU difference "
               f"{diff:.1e}", flush=True)
         rates = auto_batch_rates(work / "shards")
+        rec.figures["auto_batch_rates"] = [dict(r, tokens_per_s=round(r["tokens_per_s"])) for r in rates]
         rows = sorted({r["batch"] for r in rates})
         print("auto's shapes on cuda, tokens/s by batch rows: " + " | ".join(
             f"{r['shape']} {r['dtype']} {r['batch']}: {r['tokens_per_s']:,.0f}" for r in rates), flush=True)

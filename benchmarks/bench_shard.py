@@ -2,8 +2,8 @@
 
 Prints, all measured in this run: build-vocab and shard throughput (MB/s of text, tokens/s), peak RSS of the
 sharding process (a fresh subprocess each time, its own VmHWM), bytes per token on disk, the time ratio
-to `wc -w` over the same file, workers=2 vs 1, and peak RSS with a corpus ten times larger (the issue asks for
-at most +30%).
+to `wc -w` over the same file, workers=2 vs 1, and peak RSS with a corpus ten times larger (the bound memory
+should keep: at most +30%, since sharding streams the corpus; docs/design.md, "Memory bounds").
 """
 from __future__ import annotations
 

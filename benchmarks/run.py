@@ -1,7 +1,9 @@
 """`make bench`: run every benchmarks/bench_*.py `main()` in one process, one after another, in a fixed order.
 
 Each benchmark prints its own figures, measured in this run (ratios against a baseline measured alongside, never
-against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours) and `change` (it compares with another checkout) run only by name.
+against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours),
+`change` (it compares with another checkout), `targets` (it times the make targets, `make bench` among them) and
+`probe` (auto's shapes by dtype and rows) run only by name.
 """
 from __future__ import annotations
 
@@ -11,8 +13,7 @@ import time
 from pathlib import Path
 
 ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn", "onnx", "efml"]
-LONG = {"quality", "change", "rows"}  # by name only: quality takes hours (`make bench-quality`), change a second
-# checkout, rows ten minutes of what auto rests on
+LONG = {"quality", "change", "targets", "probe"}  # by name only (the module docstring)
 
 
 def main(argv: list[str]) -> int:

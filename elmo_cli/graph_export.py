@@ -64,8 +64,9 @@ class BiLMGraph(nn.Module):
         B, T, W = char_ids.shape
         mask = (char_ids > 0).any(dim=-1)  # (B, T)
         chars, lengths = add_boundaries(char_ids, mask.sum(dim=1), self.bos, self.eos)  # (B, T+2, W), (B,)
-        # Each distinct token once (the padding row among them, once), all W positions: a batch's distinct tokens
-        # are far fewer than its B * (T+2) positions, and the character CNN's activations are the graph's peak.
+        # Each distinct token once (the padding row among them, once), over the windows up to the batch's longest
+        # token: a batch's distinct tokens are far fewer than its B * (T+2) positions, and the character CNN's
+        # activations are the graph's peak.
         x = self.encoder.forward_distinct(chars)  # (B, T+2, P)
         layers, _ = bilm_layers((self.forward_lstm, self.backward_lstm), x, lengths, scan=True)  # (L+1, B, T+2, 2P)
         out = layers.transpose(0, 1)[:, :, 1 : T + 1]  # (B, L+1, T, 2P)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole elmo-cli pipeline on the demo corpus in examples/ (Jane Austen, public domain):
 # vocabulary -> shards -> train a biLM with the `laptop` recipe -> embeddings -> export -> held-out perplexity
-# beside Kneser-Ney. Everything lands in demo-out/ (override with OUT=...). About 6 minutes on 2 CPU cores, install
-# excluded; a busy machine takes longer but ends with the same numbers (examples/demo-result.txt).
+# beside Kneser-Ney. Everything lands in demo-out/ (override with OUT=...). The run's length is fixed in steps on 2
+# threads, so a busy machine takes longer but trains the same model; one run's whole output, with its machine and
+# time, is examples/demo-result.txt. The closing lines print what this run measured, read from its own files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ELMO=${ELMO:-.venv/bin/elmo-cli}
@@ -41,12 +42,31 @@ $ELMO evaluate --model "$OUT/model" examples/austen_heldout.txt \
     --baseline kn --baseline unigram --baseline-train examples/austen_train.txt
 cat <<EOF_NOTE
 
-biLM / KN5 (the table's KN5 column against the biLM's, and the line under the table, which is this run's own ratio)
-is the biLM's held-out perplexity over that of a 5-gram Kneser-Ney model of the same training text, on the same
-held-out text (the start of Emma, a novel neither saw): below 1, the biLM predicts unseen text better than the
-n-gram model. The run's length is fixed in steps on 2 threads, so a slow or busy machine takes longer but trains the
-same model (one run's output: examples/demo-result.txt). It is still a small model of 205k tokens of one author:
-enough to try the commands with (\`make demo-task\` puts it in a tagger and a classifier), not one for your own
-tasks. The training curve is in $OUT/run/curves.png. For your own corpus (0.5-10M tokens on a CPU), train
-\`--preset auto\` or \`--preset laptop\` to a time budget (\`--max-time\`); docs/auto.md has what they reach.
+biLM / KN5 (the line under the table) is the biLM's held-out perplexity over that of a 5-gram Kneser-Ney model of the
+same training text, on the same held-out text (the start of Emma, a novel neither saw): below 1, the biLM predicts
+unseen text better than the n-gram model. It is still a small model of 205k tokens of one author: enough to try the
+commands with (\`make demo-task\` puts it in a tagger and a classifier), not one for your own tasks. The training
+curve is in $OUT/run/curves.png. For your own corpus (0.5-10M tokens on a CPU), train \`--preset auto\` or
+\`--preset laptop\` to a time budget (\`--max-time\`); docs/auto.md has what they reach.
+
+What this run measured (from $OUT/run/metrics.jsonl):
 EOF_NOTE
+# Every figure below comes from this run's own records, none from a stored result.
+"${PYTHON:-python3}" - "$OUT/run/metrics.jsonl" "$SECONDS" <<'EOF_PY'
+import json
+import sys
+
+records = [json.loads(line) for line in open(sys.argv[1], encoding="utf-8") if line.strip()]
+checks = [r for r in records if r.get("kind") == "validation" and r.get("baseline_average_perplexity")]
+ratio = {r["step"]: r["average_perplexity"] / r["baseline_average_perplexity"] for r in checks}
+best = min(checks, key=lambda r: r["average_perplexity"])
+past = next((step for step, x in ratio.items() if x < 1), None)
+rates = sorted(r["tokens_per_s"] for r in records if r.get("kind") == "train" and r.get("tokens_per_s"))
+seconds = int(sys.argv[2])
+print(f"  biLM/KN5 by validation: " + ", ".join(f"{x:.3f} (step {step:,})" for step, x in ratio.items()))
+print(f"  best: {ratio[best['step']]:.3f} at step {best['step']:,} (held-out perplexity {best['average_perplexity']:.2f} "
+      f"against KN5 {best['baseline_average_perplexity']:.2f}); the model files are that step's")
+print(f"  " + (f"past Kneser-Ney from step {past:,}" if past is not None else "not past Kneser-Ney yet"))
+if rates:
+    print(f"  training: {rates[len(rates) // 2]:,.0f} tokens/s (median); the whole demo: {seconds // 60} min {seconds % 60} s")
+EOF_PY

@@ -1,11 +1,13 @@
 """allennlp's reference embeddings (tests/data/reference, see its README) and the bound the README states for them.
 
 README: dump-embeddings and `Embedder` reproduce allennlp's own embeddings of the reference model within 5e-6
-(`WITHIN`). What was measured on this project's hosts (AMD EPYC, torch 2.13 CPU), largest absolute difference over
-every sentence, layer and feature; the same with 1 and 2 threads:
+(`WITHIN`). What `python -m benchmarks.bench_reference` measured (benchmarks/results/reference-2026-11-27.json: a
+2-core AMD EPYC, family 23 model 1, AVX2, torch 2.13.0+cpu), largest absolute difference over every sentence, layer
+and feature:
 
-- `BiLM.embed` (the training LSTM): 2.9e-6 one sentence at a time, 4.1e-6 all 16 in one batch (5.25e-6 on the
-  16-core host CPU of an NVIDIA H200 machine, torch 2.11, 2026-11-26: that test allows `SMALL_BATCH_WITHIN`);
+- `BiLM.embed` (the training LSTM): 2.9e-6 one sentence at a time, 4.1e-6 all 16 in one batch (the 16-core Intel
+  Xeon host of an NVIDIA H200 machine, torch 2.11, measured 5.25e-6 for the batch of 16 on 2026-11-26, a run whose
+  output was not saved: that test allows `SMALL_BATCH_WITHIN`);
 - the inference kernel (`Embedder`, dump-embeddings) at the default --batch-size 64, and at 8 to 32: 4.77e-6;
 - the inference kernel at --batch-size 1 to 6: 5.72e-6 (`SMALL_BATCH_WITHIN`).
 

@@ -16,7 +16,7 @@ from vocab.errors import ElmoError
 @pytest.mark.parametrize("batched", [False, True])
 def test_forward_matches_allennlp_reference(reference_dir, batched):
     """The training LSTM against allennlp, every sentence, layer and feature: 5e-6 one sentence at a time (measured
-    2.9e-6), 6e-6 all 16 in one batch (4.1e-6 on this project's AMD hosts, 5.25e-6 on another machine's CPU; see
+    2.9e-6), 6e-6 all 16 in one batch (4.1e-6 on a 2-core AMD EPYC, 5.25e-6 on an Intel Xeon host; see
     allennlp_reference). The README's 5e-6 is the dump's bound (test_cli_embed)."""
     model = load_bilm(reference_dir / "options.json", reference_dir / "weights.hdf5")
     chars = ByteChars()

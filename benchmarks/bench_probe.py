@@ -1,0 +1,81 @@
+"""What `--preset auto` measures before it chooses: training tokens/s of each shape of its ladder, in fp32 and (where
+this CPU or GPU computes bf16 natively) in bf16, as its probe runs them (`train.measure_throughput`: a fresh model,
+two warm-up steps, then training steps for SECONDS), on 2 threads, with 1,024 sampled negatives, at 32 rows (the
+`laptop` recipe's, which auto trains at) and at 64 and 128 (what more rows buy in tokens/s on this CPU; what they
+cost in quality at equal time is not measured here: an hour per cell).
+
+    python -m benchmarks.bench_probe [--corpus austen] [--seconds 20] [--repeats 3] [--threads 2] [--rows 32 64 128]
+
+Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
+ratio per shape
+is the one `auto` compares with its 1.15x bar, and the larger shape's rate over the smaller's says how many passes
+it gives up. The corpus is one of `benchmarks.corpora` (split and shards made once under bench-out/). Results:
+benchmarks/results/probe-DATE.json with the machine and load: on a CPU other work slows the probe, which is what
+makes a short probe fragile.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.corpora import CORPORA, prepare
+from benchmarks.results import Recording
+from elmo_cli import auto, machine
+from elmo_cli.train import measure_throughput, open_shards
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", default="austen", choices=CORPORA)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    info = prepare(args.corpus, args.out / args.corpus)
+    data = open_shards(args.out / args.corpus / "train")
+    base = auto._base()
+    negatives = min(base.training.n_negative_samples, len(data.vocab))
+    dtypes = ("fp32", "bf16") if machine.cpu_bf16() else ("fp32",)
+    command = " ".join(["python -m benchmarks.bench_probe", *argv])
+    with Recording("probe", command, args.threads) as rec:
+        cells = [(shape, dtype, rows) for shape in auto.LADDER for dtype in dtypes for rows in args.rows]
+        rates: dict[tuple[str, str, int], list[float]] = {}
+        for repeat in range(args.repeats):
+            for shape, dtype, rows in (cells if repeat % 2 == 0 else cells[::-1]):
+                config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu",
+                                                                                                 batch_size=rows)
+                rates.setdefault((shape.name, dtype, rows), []).append(measure_throughput(config, data, args.seconds))
+        rec.figures = {"corpus": args.corpus, "train_tokens": info["train_tokens"], "seconds": args.seconds,
+                       "negatives": negatives, "bf16_native": "bf16" in dtypes, "torch_threads": torch.get_num_threads()}
+        median = {cell: statistics.median(r) for cell, r in rates.items()}
+        for (name, dtype, rows), r in rates.items():
+            key = f"{name} {dtype}" + ("" if rows == 32 else f" {rows} rows")
+            rec.figures[key] = {"tokens_per_s_median": round(median[(name, dtype, rows)]),
+                                "tokens_per_s_min": round(min(r)), "runs": [round(x) for x in r]}
+        small, large = (s.name for s in auto.LADDER)
+        for dtype in dtypes:
+            if 32 in args.rows:
+                rec.figures[f"{large} over {small}, {dtype}"] = round(median[(large, dtype, 32)] /
+                                                                     median[(small, dtype, 32)], 2)
+            for s in auto.LADDER:
+                for rows in args.rows:
+                    if rows != 32 and 32 in args.rows:
+                        rec.figures[f"{s.name} {dtype} {rows} over 32 rows"] = round(
+                            median[(s.name, dtype, rows)] / median[(s.name, dtype, 32)], 2)
+        if "bf16" in dtypes and 32 in args.rows:
+            for s in auto.LADDER:
+                rec.figures[f"{s.name} bf16 over fp32"] = round(median[(s.name, "bf16", 32)] /
+                                                                median[(s.name, "fp32", 32)], 2)
+        for key, value in rec.figures.items():
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
