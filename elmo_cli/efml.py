@@ -31,7 +31,7 @@ from elmo_cli.bilm_format import LSTM_PREFIX, arrays_to_model, expected_shapes
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_cli.model.bilm import BiLM
 from vocab.chars import EfmlChars
-from vocab.efml import ENCODER, TOKEN_EMBEDDER, efml_chars, model_config
+from vocab.efml import ENCODER, TOKEN_EMBEDDER, efml_chars, model_config, read_efml_chars
 from vocab.errors import ElmoError
 
 GATES_TO_IJFO = (0, 2, 1, 3)  # EFML's blocks i, f, g, o -> elmo-cli's i, j(=g), f, o
@@ -173,6 +173,14 @@ def read_efml(directory: Path) -> tuple[ModelConfig, dict[str, np.ndarray], Efml
     arrays = efml_arrays(cfg, embedder, encoder, rows)
     assert {k: a.shape for k, a in arrays.items()} == expected_shapes(cfg)
     return cfg, arrays, chars
+
+
+def efml_architecture(directory: Path) -> ModelConfig:
+    """The `ModelConfig` of an EFML directory from its config and dictionaries alone (no weights read): what
+    fine-tuning needs to build the model before `load_efml` fills it."""
+    config, where = model_config(directory)
+    chars = read_efml_chars(directory)
+    return efml_config(config, where, chars.n_characters + 1, len(chars.words) + 1 if chars.words is not None else 0)
 
 
 def load_efml(directory: Path) -> tuple[BiLM, EfmlChars]:

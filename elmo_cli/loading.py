@@ -17,7 +17,7 @@ import torch
 from elmo_cli.bilm_format import load_bilm
 from elmo_cli.model_files import ModelFiles, model_files
 from elmo_cli.config import ModelConfig, load_options
-from elmo_cli.efml import load_efml, read_efml
+from elmo_cli.efml import efml_architecture, load_efml
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import BiLSTMKernel
 from vocab.chars import ByteChars
@@ -106,7 +106,7 @@ def set_threads(threads: int | None) -> None:
 def model_architecture(model: Path | ModelFiles) -> ModelConfig:
     """The architecture of a trained model (its options.json): fine-tuning keeps its shape."""
     files = model_files(model)
-    return read_efml(files.directory)[0] if files.efml else load_options(files.options)
+    return efml_architecture(files.directory) if files.efml else load_options(files.options)
 
 
 def init_from(model: BiLM, source: Path | ModelFiles, encoder: TextEncoder, reset_softmax: bool) -> list[str]:
