@@ -31,7 +31,7 @@ from elmo_cli.bilm_format import LSTM_PREFIX, arrays_to_model, expected_shapes
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_cli.model.bilm import BiLM
 from vocab.chars import EfmlChars
-from vocab.efml import ENCODER, TOKEN_EMBEDDER, efml_chars, model_config, read_efml_chars
+from vocab.efml import ENCODER, TOKEN_EMBEDDER, efml_chars, model_config, read_efml_chars, token_settings
 from vocab.errors import ElmoError
 
 GATES_TO_IJFO = (0, 2, 1, 3)  # EFML's blocks i, f, g, o -> elmo-cli's i, j(=g), f, o
@@ -152,13 +152,12 @@ def read_efml(directory: Path) -> tuple[ModelConfig, dict[str, np.ndarray], Efml
     if "char_emb_layer.embedding.weight" not in embedder:
         raise ElmoError(f"{directory / TOKEN_EMBEDDER}: no char_emb_layer.embedding.weight (not an ELMoForManyLangs "
                         f"cnn token embedder)")
-    emb_cfg = config.get("token_embedder") if isinstance(config, dict) else None
-    word_dim = int((emb_cfg or {}).get("word_dim", 0) or 0)
+    max_chars, word_dim = token_settings(config, directory)
     word_weight = embedder.get("word_emb_layer.embedding.weight")
     if word_dim and word_weight is None:
         raise ElmoError(f"{directory / TOKEN_EMBEDDER}: {where} gives word_dim {word_dim} but there is no "
                         f"word_emb_layer.embedding.weight")
-    chars, rows = efml_chars(directory, int((emb_cfg or {}).get("max_characters_per_token", 50)),
+    chars, rows = efml_chars(directory, max_chars,
                              embedder["char_emb_layer.embedding.weight"].shape[0],
                              None if word_weight is None else word_weight.shape[0], with_words=word_dim > 0)
     n_words = len(chars.words) + 1 if chars.words is not None else 0

@@ -131,12 +131,16 @@ def efml_chars(directory: Path, max_chars: int = MAX_CHARS, char_rows: int | Non
     return EfmlChars(characters, max_chars, words), rows
 
 
-def read_efml_chars(directory: Path) -> EfmlChars:
-    """The token encoder of an EFML directory, for shards made to fine-tune it (`vocab.shards`)."""
-    config, _ = model_config(directory)
+def token_settings(config: dict, directory: Path) -> tuple[int, int]:
+    """``(max_characters_per_token, word_dim)`` of an EFML model config's token embedder."""
     try:
         embedder = config["token_embedder"]
-        max_chars, word_dim = int(embedder["max_characters_per_token"]), int(embedder.get("word_dim", 0))
+        return int(embedder["max_characters_per_token"]), int(embedder.get("word_dim", 0) or 0)
     except (KeyError, TypeError, ValueError) as e:
         raise ElmoError(f"{directory}: ELMoForManyLangs model config without a usable token_embedder ({e})") from None
+
+
+def read_efml_chars(directory: Path) -> EfmlChars:
+    """The token encoder of an EFML directory, for shards made to fine-tune it (`vocab.shards`)."""
+    max_chars, word_dim = token_settings(model_config(directory)[0], directory)
     return efml_chars(directory, max_chars, with_words=word_dim > 0)[0]
