@@ -128,3 +128,50 @@ def test_kernel_equals_plain_loop_on_clipped_models_with_ragged_lengths():
             for b, n in enumerate(lengths.tolist()):
                 torch.testing.assert_close(got[k + 1, b, 1 : n - 1], want[b, 1 : n - 1], atol=1e-6, rtol=0)
         assert clipped > 0  # the projection clip binds somewhere
+
+
+def test_bf16_autocast_casts_the_recurrent_weights_once_a_window_not_once_a_step(monkeypatch):
+    # Training under `--dtype bf16` runs the layer's time loop inside torch.autocast. Autocast caches the casts of
+    # leaf parameters only, so the loop's transposed weights used to be cast at each of the T steps (and their
+    # gradients cast back at each): 2T copies of the largest tensors of the step. Now 2, with the same forward.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from elmo_cli.model import lstm
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    layer = ProjectedLSTMLayer(16, 32, 8, cell_clip=3.0, proj_clip=3.0)
+    x, reset = torch.randn(4, 10, 16), torch.zeros(4, 10, dtype=torch.bool)
+    reset[1, 4] = True
+
+    def run():
+        layer.zero_grad()
+        with Casts() as casts:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out, (h, c) = layer(x, reset=reset)
+            (out.float().square().sum() + c.sum()).backward()
+        rec, proj = tuple(layer.recurrent_weight.t().shape), tuple(layer.projection_weight.t().shape)
+        counts = (casts.shapes.count(rec), casts.shapes.count(proj))
+        return out.detach(), [p.grad.clone() for p in layer.parameters()], counts
+
+    out, grads, counts = run()
+    assert counts == (2, 2)  # each weight: one cast to bf16 before the loop, its gradient's one cast back
+    monkeypatch.setattr(lstm, "autocast_once", lambda device_type, *weights: weights)  # autocast's per-step casts
+    per_step_out, per_step_grads, per_step_counts = run()
+    assert per_step_counts == (20, 20)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, per_step_out)
+    for g, ref in zip(grads, per_step_grads):  # the T step gradients summed in bf16 before the one cast back
+        assert torch.allclose(g, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    # without autocast the weights are not cast
+    with Casts() as casts:
+        layer(x, reset=reset)[0].sum().backward()
+    assert casts.shapes == [tuple(reset.unsqueeze(-1).shape)]  # the reset mask's bool -> float, nothing else

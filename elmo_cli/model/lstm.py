@@ -65,6 +65,18 @@ def fit_both(states: tuple, batch_size: int) -> tuple:
     return tuple(fit_states(direction, batch_size) for direction in states)
 
 
+def autocast_once(device_type: str, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`weights` cast to autocast's dtype when autocast is on for `device_type` (else as given), once, before a time
+    loop uses them at every step. Autocast caches its casts of leaf parameters only; the loop's transposed views
+    are not leaves, so each step's product would cast them again, and its backward cast their gradients back: for
+    a window of T steps, 2T copies of every recurrent and projection weight instead of 2. The T gradients are then
+    summed in autocast's dtype before their one cast back, as autocast's own cache does for a reused parameter."""
+    if not torch.is_autocast_enabled(device_type):
+        return weights
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(w.to(dtype) for w in weights)
+
+
 def lstm_cell(z: torch.Tensor, c: torch.Tensor | None, w_proj: torch.Tensor, cell_clip: float | None,
               proj_clip: float | None, fast: bool = False, mm=torch.matmul) -> State:
     """One step of the module docstring from its gate pre-activations: the one cell of this module, used by the
@@ -148,7 +160,7 @@ class ProjectedLSTMLayer(nn.Module):
             return self._fused(x, state)
         xw = self.input_product(x)  # (B, T, 4H)
         h, c = state
-        w_rec, w_proj = self.recurrent_weight.t(), self.projection_weight.t()
+        w_rec, w_proj = autocast_once(x.device.type, self.recurrent_weight.t(), self.projection_weight.t())
         outputs = []
         steps_mask = mask.unsqueeze(-1).unbind(1) if mask is not None else [None] * T
         steps_keep = (~reset).unsqueeze(-1).to(x.dtype).unbind(1) if reset is not None else [None] * T  # (B, 1)

@@ -1,0 +1,72 @@
+"""bf16 training on a CPU or GPU: the LSTM's recurrent and projection weights cast to bf16 once a window
+(`model.lstm.autocast_once`, the code as it is) against once a step (autocast's own behaviour for the loop's
+transposed weights, which are not leaves and so miss its cast cache; the code before 2026-11-27), beside fp32.
+
+    python -m benchmarks.bench_autocast [--corpus austen] [--seconds 10] [--repeats 3] [--threads 2]
+
+Each (shape, variant) is measured as `--preset auto`'s probe measures (`train.measure_throughput`: a fresh model,
+two warm-up steps, then training steps for SECONDS, 32 rows, 1,024 sampled negatives), REPEATS times in
+alternating order; min and median kept, and the ratios within this one run. On a CPU without bf16 matrix
+instructions torch emulates bf16 (slower than fp32): the figure there is the cost of the casts, not bf16's gain.
+Results: benchmarks/results/autocast-DATE.json with the machine and load.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.corpora import CORPORA, prepare
+from benchmarks.results import Recording
+from elmo_cli import auto, machine
+from elmo_cli.model import lstm
+from elmo_cli.train import measure_throughput, open_shards
+
+VARIANTS = ("bf16, cast once a window", "bf16, cast every step", "fp32")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", default="austen", choices=CORPORA)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    prepare(args.corpus, args.out / args.corpus)
+    data = open_shards(args.out / args.corpus / "train")
+    base = auto._base()
+    negatives = min(base.training.n_negative_samples, len(data.vocab))
+    once = lstm.autocast_once
+    command = " ".join(["python -m benchmarks.bench_autocast", *argv])
+    with Recording("autocast", command, args.threads) as rec:
+        cells = [(shape, variant) for shape in auto.LADDER for variant in VARIANTS]
+        rates: dict[tuple[str, str], list[float]] = {}
+        for repeat in range(args.repeats):
+            for shape, variant in (cells if repeat % 2 == 0 else cells[::-1]):
+                dtype = "fp32" if variant == "fp32" else "bf16"
+                lstm.autocast_once = once if variant != VARIANTS[1] else (lambda device_type, *weights: weights)
+                try:
+                    config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu")
+                    rates.setdefault((shape.name, variant), []).append(measure_throughput(config, data, args.seconds))
+                finally:
+                    lstm.autocast_once = once
+        rec.figures = {"corpus": args.corpus, "seconds": args.seconds, "negatives": negatives, "rows": 32,
+                       "bf16_native": bool(machine.cpu_bf16()), "torch_threads": torch.get_num_threads()}
+        for (name, variant), r in rates.items():
+            rec.figures[f"{name} {variant}"] = {"tokens_per_s_median": round(statistics.median(r)),
+                                                "tokens_per_s_min": round(min(r)), "runs": [round(x) for x in r]}
+        for shape in auto.LADDER:
+            med = {v: statistics.median(rates[(shape.name, v)]) for v in VARIANTS}
+            rec.figures[f"{shape.name}: once over every step"] = round(med[VARIANTS[0]] / med[VARIANTS[1]], 2)
+            rec.figures[f"{shape.name}: bf16 (once) over fp32"] = round(med[VARIANTS[0]] / med["fp32"], 2)
+        for key, value in rec.figures.items():
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
