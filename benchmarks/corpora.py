@@ -174,7 +174,7 @@ def tang_poems(tarball: Path) -> list[str]:
 
 
 def split_poems(poems: list[str], train: list[str], heldout: list[str], every: int = TANG_EVERY) -> None:
-    """Every `every`-th poem (the first, the fourth, ...), a poem a line; every 10th of those held out."""
+    """Every `every`-th poem (with 3: the first, the fourth, ...), a poem a line; every 10th of those held out."""
     for i, poem in enumerate(poems[::every], 1):
         (heldout if i % HOLD_OUT_EVERY == 0 else train).append(poem)
 
@@ -205,9 +205,7 @@ def split(name: str) -> tuple[list[str], list[str]]:
         _austen(train, heldout)
         _kjv(train, heldout)
     elif name == "zh":
-        lines = _lines(ROOT / "examples" / "zh_poems.txt")
-        for i, line in enumerate(lines, 1):
-            (heldout if i % HOLD_OUT_EVERY == 0 else train).append(line)
+        split_poems(_lines(ROOT / "examples" / "zh_poems.txt"), train, heldout, every=1)
     elif name == "sotu":
         split_addresses(sotu_addresses(SOTU.path()), train, heldout)
     elif name == "tang":
