@@ -11,13 +11,24 @@
 4. `--preset auto`'s shapes by batch rows: the probe `auto` runs (`train.measure_throughput`, 5 s after two warm-up
    steps) for each shape of `auto.LADDER` at 32, 128 and 512 rows, fp32 and bf16 (docs/auto.md, "On a GPU").
 
-Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine). Where there is one, the
-figures go to benchmarks/results/gpu-DATE.json with the GPU's name, the torch build and the host's load.
+5. Steps (issue 39's table): tokens/s of `laptop`, `small` and `original` at 32, 128 and 512 rows, fp32 and bf16,
+   the eager step beside the CUDA-graph step (`--no-cuda-graphs` / the default), each as `--preset auto`'s probe
+   measures (`train.measure_throughput`, 3 s after two warm-up steps), with MFU: tokens/s x the nominal training
+   FLOPs per token (`bench_train.flops_per_token`) over the GPU's dense peak (`PEAKS`: bf16 tensor cores for bf16;
+   plain fp32, since torch leaves TF32 off, for fp32).
+6. The dump at scale: `original` with `--layers average --dtype float16` on examples/austen_heldout.txt eight times
+   over (168,512 tokens) at 64 and 512 rows a batch, beside the same sentences through `Embedder` without HDF5
+   (what the writer and the host cost).
 
-    python -m benchmarks.bench_gpu
+Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine). Where there is one, the
+figures go to benchmarks/results/gpu-DATE.json with the GPU's name, driver, CUDA version, the torch build and the
+host's load. `--parts` runs some of them (reference train dump auto steps dump-scale).
+
+    python -m benchmarks.bench_gpu [--parts steps dump-scale]
 """
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +38,7 @@ import numpy as np
 import torch
 
 from benchmarks.bench_embed import max_diff
-from benchmarks.bench_train import run_preset
+from benchmarks.bench_train import flops_per_token, run_preset
 from benchmarks.results import Recording
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
@@ -88,7 +99,80 @@ def auto_batch_rates(shards: Path, device: str = "cuda", rows=(32, 128, 512), se
     return out
 
 
+# Dense peak rates (FLOP/s) by GPU model, from NVIDIA's datasheets (H100 and H200 Tensor Core GPU datasheets, 2023-24:
+# the sparsity figures halved): (bf16 tensor cores, fp32 without tensor cores).
+PEAKS = {"H100 PCIe": (756e12, 51e12), "H100 NVL": (835e12, 60e12), "H100": (989e12, 67e12), "H200": (989e12, 67e12)}
+PARTS = ("reference", "train", "dump", "auto", "steps", "dump-scale")
+
+
+def peak_rates(name: str) -> tuple[float, float] | None:
+    """(bf16, fp32) dense FLOP/s of the GPU called `name`, None for a model not in `PEAKS`."""
+    return next((rates for key, rates in PEAKS.items() if key in name), None)
+
+
+def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 128, 512), seconds: float = 3.0
+               ) -> list[dict]:
+    """Training tokens/s (and MFU where the GPU's peak is known) by preset, rows, dtype and step."""
+    from elmo_cli.presets import load_config
+    from elmo_cli.train import measure_throughput, open_shards
+
+    data = open_shards(shards)
+    peaks = peak_rates(torch.cuda.get_device_name())
+    out = []
+    for preset in presets:
+        for dtype in ("fp32", "bf16"):
+            for batch in rows:
+                for graphs in (False, True):
+                    cfg = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype,
+                                                                  cuda_graphs=graphs)
+                    try:
+                        rate = measure_throughput(cfg, data, seconds)
+                    except torch.OutOfMemoryError:
+                        rate = None
+                    torch.cuda.empty_cache()
+                    flops = flops_per_token(cfg.model, cfg.training.n_negative_samples, len(data.vocab))
+                    row = dict(preset=preset, dtype=dtype, batch=batch, step="graphs" if graphs else "eager",
+                               tokens_per_s=None if rate is None else round(rate), flops_per_token=round(flops))
+                    if peaks is not None and rate is not None:
+                        row["mfu"] = round(rate * flops / peaks[0 if dtype == "bf16" else 1], 4)
+                    out.append(row)
+                    print(f"  {preset:8s} {dtype} {batch:4d} rows {row['step']:6s}: "
+                          + ("out of memory" if rate is None else f"{rate:10,.0f} tokens/s"
+                             + (f"  MFU {row['mfu']:.1%}" if "mfu" in row else "")), flush=True)
+    return out
+
+
+def dump_scale(model_dir: Path, text: Path, work: Path) -> dict:
+    """The dump at scale on the GPU: `--layers average --dtype float16` at 64 and 512 rows, and the embedding alone."""
+    lines = text.read_text("utf-8").splitlines() * 8
+    big = work / "big.txt"
+    big.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    loaded = load_model(model_dir, device="cuda")
+    out = {"tokens": sum(len(l.split()) for l in lines)}
+    for batch in (64, 512):
+        dump_embeddings(loaded, text, work / "warm.hdf5", layers="average", dtype="float16", batch_size=batch,
+                        force=True)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        result = dump_embeddings(loaded, big, work / "big.hdf5", layers="average", dtype="float16",
+                                 batch_size=batch, force=True)
+        torch.cuda.synchronize()
+        out[f"dump_average_float16_batch{batch}_tokens_per_s"] = round(result.tokens / (time.perf_counter() - t))
+    emb = Embedder(model_dir=model_dir, device="cuda")
+    sentences = [l.split() for l in lines]
+    emb.embed_sentences(sentences[:512])
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    emb.embed_sentences(sentences)
+    torch.cuda.synchronize()
+    out["embed_sentences_all_layers_tokens_per_s"] = round(out["tokens"] / (time.perf_counter() - t))
+    return out
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: bench_gpu skipped")
         return
@@ -97,59 +181,74 @@ def main() -> None:
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"host CPU threads {torch.get_num_threads()}", flush=True)
+    parts = set(args.parts)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp, \
-            Recording("gpu", "python -m benchmarks.bench_gpu") as rec:
+            Recording("gpu", "python -m benchmarks.bench_gpu" + (f" --parts {' '.join(args.parts)}"
+                                                                 if parts != set(PARTS) else "")) as rec:
         rec.figures = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
-        cpu = rec.figures["reference_cpu_fp32"] = reference_difference("cpu", "fp32")
-        for dtype in ("fp32", "bf16"):
-            diff = rec.figures[f"reference_cuda_{dtype}"] = reference_difference("cuda", dtype)
-            print(f"reference on cuda, {dtype}: largest difference from allennlp {diff:.2e} (CPU fp32 in this run: "
-                  f"{cpu:.2e})", flush=True)
+        if "reference" in parts:
+            cpu = rec.figures["reference_cpu_fp32"] = reference_difference("cpu", "fp32")
+            for dtype in ("fp32", "bf16"):
+                diff = rec.figures[f"reference_cuda_{dtype}"] = reference_difference("cuda", dtype)
+                print(f"reference on cuda, {dtype}: largest difference from allennlp {diff:.2e} (CPU fp32 in this "
+                      f"run: {cpu:.2e})", flush=True)
         work = Path(tmp)
         build_vocab([CORPUS], work / "vocab.txt")
         write_shards([CORPUS], work / "vocab.txt", work / "shards")
-        for preset, warmup, measured in (("small", 10, 40), ("original", 5, 20)):
-            rates = {}
-            for dtype in ("fp32", "bf16"):
-                r = run_preset(preset, work / "shards", work / f"{preset}-{dtype}", warmup=warmup, measured=measured,
-                               device="cuda", dtype=dtype)
-                rates[dtype] = r["tokens_per_s"]
-            rec.figures[f"train_{preset}"] = {"fp32_tokens_per_s": round(rates["fp32"]),
-                                              "bf16_tokens_per_s": round(rates["bf16"]),
-                                              "batch": PRESETS[preset].config.training.batch_size,
-                                              "negatives": r["negatives"]}
-            print(f"train {preset:8s} on cuda: fp32 {rates['fp32']:9,.0f} tokens/s | bf16 {rates['bf16']:9,.0f} "
-                  f"tokens/s | bf16/fp32 {rates['bf16'] / rates['fp32']:.2f}x (batch "
-                  f"{PRESETS[preset].config.training.batch_size}, {r['negatives']} negatives)", flush=True)
+        if "train" in parts:
+            for preset, warmup, measured in (("small", 10, 40), ("original", 5, 20)):
+                rates = {}
+                for dtype in ("fp32", "bf16"):
+                    r = run_preset(preset, work / "shards", work / f"{preset}-{dtype}", warmup=warmup,
+                                   measured=measured, device="cuda", dtype=dtype)
+                    rates[dtype] = r["tokens_per_s"]
+                rec.figures[f"train_{preset}"] = {"fp32_tokens_per_s": round(rates["fp32"]),
+                                                  "bf16_tokens_per_s": round(rates["bf16"]),
+                                                  "batch": PRESETS[preset].config.training.batch_size,
+                                                  "negatives": r["negatives"]}
+                print(f"train {preset:8s} on cuda: fp32 {rates['fp32']:9,.0f} tokens/s | bf16 {rates['bf16']:9,.0f} "
+                      f"tokens/s | bf16/fp32 {rates['bf16'] / rates['fp32']:.2f}x (batch "
+                      f"{PRESETS[preset].config.training.batch_size}, {r['negatives']} negatives)", flush=True)
         torch.manual_seed(0)
         save_model_dir(BiLM(PRESETS["original"].config.model).eval(), work / "model")
         lines = [l for l in HELDOUT.read_text("utf-8").splitlines() if l.strip()]
         text = work / "input.txt"
         text.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        cpu_rate, n = dump_rate(work / "model", text, work / "cpu.hdf5", "cpu", "fp32")
-        rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
-                 for dtype in ("fp32", "bf16")}
-        diff = max_diff(work / "cpu.hdf5", work / "cuda-fp32.hdf5")
-        rec.figures["dump_original"] = {"tokens": n, "cuda_fp32_tokens_per_s": round(rates["fp32"]),
-                                        "cuda_bf16_tokens_per_s": round(rates["bf16"]),
-                                        "cpu_fp32_tokens_per_s": round(cpu_rate), "cpu_threads": torch.get_num_threads(),
-                                        "cuda_over_cpu": round(rates["fp32"] / cpu_rate, 2),
-                                        "largest_cuda_cpu_difference": diff}
-        print(f"dump original, {len(lines):,} lines, {n:,} tokens: cuda fp32 {rates['fp32']:9,.0f} tokens/s | "
-              f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
-              f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU difference "
-              f"{diff:.1e}", flush=True)
-        rates = auto_batch_rates(work / "shards")
-        rec.figures["auto_batch_rates"] = [dict(r, tokens_per_s=round(r["tokens_per_s"])) for r in rates]
-        rows = sorted({r["batch"] for r in rates})
-        print("auto's shapes on cuda, tokens/s by batch rows: " + " | ".join(
-            f"{r['shape']} {r['dtype']} {r['batch']}: {r['tokens_per_s']:,.0f}" for r in rates), flush=True)
-        for r in rates:
-            if r["batch"] == rows[-1]:
-                base = next(b for b in rates if b["shape"] == r["shape"] and b["dtype"] == r["dtype"]
-                            and b["batch"] == rows[0])
-                print(f"  {r['shape']} {r['dtype']}: {rows[-1]} rows {r['tokens_per_s'] / base['tokens_per_s']:.1f}x "
-                      f"the tokens/s of {rows[0]}", flush=True)
+        if "dump" in parts:
+            cpu_rate, n = dump_rate(work / "model", text, work / "cpu.hdf5", "cpu", "fp32")
+            rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
+                     for dtype in ("fp32", "bf16")}
+            diff = max_diff(work / "cpu.hdf5", work / "cuda-fp32.hdf5")
+            rec.figures["dump_original"] = {"tokens": n, "cuda_fp32_tokens_per_s": round(rates["fp32"]),
+                                            "cuda_bf16_tokens_per_s": round(rates["bf16"]),
+                                            "cpu_fp32_tokens_per_s": round(cpu_rate),
+                                            "cpu_threads": torch.get_num_threads(),
+                                            "cuda_over_cpu": round(rates["fp32"] / cpu_rate, 2),
+                                            "largest_cuda_cpu_difference": diff}
+            print(f"dump original, {len(lines):,} lines, {n:,} tokens: cuda fp32 {rates['fp32']:9,.0f} tokens/s | "
+                  f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
+                  f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU "
+                  f"difference {diff:.1e}", flush=True)
+        if "dump-scale" in parts:
+            scale = rec.figures["dump_original_scale"] = dump_scale(work / "model", text, work)
+            print("dump original at scale, --layers average --dtype float16: " + " | ".join(
+                f"{k}: {v:,}" for k, v in scale.items()), flush=True)
+        if "auto" in parts:
+            rates = auto_batch_rates(work / "shards")
+            rec.figures["auto_batch_rates"] = [dict(r, tokens_per_s=round(r["tokens_per_s"])) for r in rates]
+            rows = sorted({r["batch"] for r in rates})
+            print("auto's shapes on cuda, tokens/s by batch rows: " + " | ".join(
+                f"{r['shape']} {r['dtype']} {r['batch']}: {r['tokens_per_s']:,.0f}" for r in rates), flush=True)
+            for r in rates:
+                if r["batch"] == rows[-1]:
+                    base = next(b for b in rates if b["shape"] == r["shape"] and b["dtype"] == r["dtype"]
+                                and b["batch"] == rows[0])
+                    print(f"  {r['shape']} {r['dtype']}: {rows[-1]} rows {r['tokens_per_s'] / base['tokens_per_s']:.1f}x "
+                          f"the tokens/s of {rows[0]}", flush=True)
+        if "steps" in parts:
+            print("training steps by preset, dtype and rows, eager and CUDA graphs:", flush=True)
+            rec.figures["steps"] = step_table(work / "shards")
+            rec.figures["peaks_bf16_fp32"] = peak_rates(torch.cuda.get_device_name())
 
 
 if __name__ == "__main__":

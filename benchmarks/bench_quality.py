@@ -22,6 +22,7 @@ them, 2 torch threads crawl and the budget buys less.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -51,13 +52,15 @@ def target_for(record: dict) -> float | None:
     return target if record["corpus"] == "austen" else None
 
 
-def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path) -> dict:
-    """One training run; returns its record (best validation over KN5, the auto line, speed)."""
+def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, rows: int | None = None
+        ) -> dict:
+    """One training run (at `rows` batch rows when given, else the preset's); returns its record (best validation
+    over KN5, the auto line, speed)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m-{stamp}"
+    run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{f'-{rows}rows' if rows else ''}-{stamp}"
     cmd = [sys.executable, "-c", "from elmo_cli.cli import app; app()", "train", "--data", str(data / "train"),
            "--validation", str(data / "heldout"), "--output", str(run_dir), "--preset", preset, "--max-time",
-           f"{minutes}m", "--threads", str(threads)]
+           f"{minutes}m", "--threads", str(threads), *(["--batch-size", str(rows)] if rows else [])]
     start = time.monotonic()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     seconds = time.monotonic() - start
@@ -76,6 +79,7 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "auto": next((ln for ln in done.stdout.splitlines() if ln.startswith("auto:")), None),
             "shape": f"{config['lstm']['dim']}/{config['lstm']['projection_dim']}",
             "dtype": config["training"]["dtype"], "dropout": config["training"]["dropout"],
+            "rows": config["training"]["batch_size"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
             "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir)}
@@ -100,6 +104,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--minutes", nargs="+", type=float, default=[60.0])
     parser.add_argument("--out", type=Path, default=Path("bench-out/quality"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", nargs="+", type=int, default=[None],
+                        help="batch rows to train each preset at (quality at equal time by rows); default the preset's")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     results = args.out / RESULTS
@@ -117,19 +123,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs = []
         for corpus, info in infos.items():
             data = args.out / "data" / corpus
-            for minutes in args.minutes:
-                for preset in args.preset:
-                    if any((r["corpus"], r["preset"], r["minutes"]) == (corpus, preset, minutes) for r in done):
-                        continue
-                    print(f"{corpus}: {info['train_tokens']:,} training tokens; {preset}, {minutes:g} min ...",
-                          flush=True)
-                    record = run(data, info, preset, minutes, args.threads, args.out)
-                    with open(results, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(record) + "\n")
-                    done.append(record)
-                    runs.append(record)
-                    print(f"  biLM/KN5 {record['ratio_kn5']:.3f} ({record['best_average_perplexity']:.2f} / "
-                          f"{record['kn5']:.2f}); {record['auto'] or record['shape']}", flush=True)
+            for minutes, preset, rows in itertools.product(args.minutes, args.preset, args.rows):
+                if any((r["corpus"], r["preset"], r["minutes"], r.get("asked_rows")) == (corpus, preset, minutes, rows)
+                       for r in done):
+                    continue
+                print(f"{corpus}: {info['train_tokens']:,} training tokens; {preset}, {minutes:g} min"
+                      f"{f', {rows} rows' if rows else ''} ...", flush=True)
+                record = run(data, info, preset, minutes, args.threads, args.out, rows)
+                if rows:
+                    record["asked_rows"] = rows
+                with open(results, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+                done.append(record)
+                runs.append(record)
+                print(f"  biLM/KN5 {record['ratio_kn5']:.3f} ({record['best_average_perplexity']:.2f} / "
+                      f"{record['kn5']:.2f}); {record['auto'] or record['shape']}", flush=True)
         # The whole invocation's wall time (splits, Kneser-Ney, probes and runs) is the record's `seconds`: with the
         # Makefile's arguments, the time of `make bench-quality` less the install.
         rec.figures = {"runs": [{k: v for k, v in r.items() if k != "run"} | {"target": target_for(r)}

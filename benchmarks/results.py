@@ -130,8 +130,24 @@ def child_figures(module: str, args: list[str], threads: int, root: Path) -> dic
 def machine(threads: int) -> dict:
     import torch
 
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
-            "python": platform.python_version()}
+    facts = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
+             "python": platform.python_version()}
+    if torch.cuda.is_available():
+        facts.update(gpu=torch.cuda.get_device_name(), gpus=torch.cuda.device_count(), cuda=torch.version.cuda,
+                     driver=gpu_driver())
+    return facts
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it (None where it cannot be run)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 class Recording:

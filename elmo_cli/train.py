@@ -36,6 +36,7 @@ from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoi
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
 from elmo_cli.distributed import Dist, init_distributed
 from elmo_cli.evaluate import evaluate
+from elmo_cli.graphed import reason_not
 from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
@@ -100,7 +101,7 @@ class BiLMLoss(nn.Module):
 
     def forward(self, fwd_chars: torch.Tensor, bwd_chars: torch.Tensor, fwd_targets: torch.Tensor,
                 bwd_targets: torch.Tensor, states: tuple, negatives: tuple[torch.Tensor, torch.Tensor],
-                tries: tuple[int, int], starts: torch.Tensor | None = None
+                tries: tuple[int, int], starts: torch.Tensor | None = None, stacks=None
                 ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """
         # Parameters
@@ -108,11 +109,12 @@ class BiLMLoss(nn.Module):
         states : carried `(forward, backward)` LSTM states or `(None, None)`.
         negatives : each direction's sampled ids `(S,)`; tries : their draw counts.
         starts : `(B, T)` bool, sentence starts where the states are zeroed, or None to carry them through (bilm-tf).
+        stacks : what runs `BiLM.lm_stacks`, None for itself (`BiLM.lm_hidden`; the trainer's `_Stacks`).
 
         # Returns
         forward loss, backward loss (scalars), the new states.
         """
-        f_top, b_top, new_states = self.bilm.lm_hidden(fwd_chars, bwd_chars, states, starts)
+        f_top, b_top, new_states = self.bilm.lm_hidden(fwd_chars, bwd_chars, states, starts, stacks)
         P = f_top.shape[-1]
         softmax = self.bilm.softmax
         f_loss = softmax.sampled_loss(f_top.reshape(-1, P), fwd_targets.reshape(-1), negatives[0], tries[0])
@@ -253,11 +255,12 @@ def check_resumable(saved: RunConfig, requested: RunConfig, where: Path) -> None
 
     old, new = flat(saved.to_dict()), flat(requested.to_dict())
     for key in sorted(set(old) | set(new)):
-        if key.startswith("training.") and key.split(".", 1)[1] in RUN_LENGTH_KEYS:
+        if key.startswith("training.") and key.split(".", 1)[1] in RUN_LENGTH_KEYS + ("cuda_graphs",):
             continue
         if old.get(key) != new.get(key):
             raise ElmoError(f"{where}: cannot resume with {key} = {new.get(key)!r}: the run was started with "
-                            f"{old.get(key)!r}; only --epochs, --max-steps and --max-time may change on resume")
+                            f"{old.get(key)!r}; only --epochs, --max-steps and --max-time (and --no-cuda-graphs) "
+                            f"may change on resume")
 
 
 def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, device: torch.device) -> dict:
@@ -273,10 +276,38 @@ def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, d
             "average_perplexity": result.average_perplexity, "tokens": result.tokens}
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
+def _autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = True):
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache)
+
+
+class _Stacks:
+    """What the training step runs `BiLM.lm_stacks` with on a GPU: eagerly while there are no states to capture
+    from (a run's first step), then from CUDA graphs (`elmo_cli.graphed`), captured at the first step that has
+    them; eagerly again, for the rest of the run, if a capture or a replay fails. `note(text)` is called once when
+    the graphs start and once if they fail."""
+
+    def __init__(self, bilm: BiLM, note: Callable[[str], None]):
+        self.bilm, self.note = bilm, note
+        self.graphed = None
+        self.failed = False
+
+    def __call__(self, fwd_x: torch.Tensor, bwd_x: torch.Tensor, states: tuple, starts: torch.Tensor | None):
+        if self.failed or states[0] is None:
+            return self.bilm.lm_stacks(fwd_x, bwd_x, states, starts)
+        try:
+            if self.graphed is None:
+                from elmo_cli.graphed import GraphedStacks
+
+                self.graphed = GraphedStacks(self.bilm, fwd_x, bwd_x, states, starts)
+                self.note("CUDA graphs: the LSTM stacks run as captured graphs from this step")
+            return self.graphed(fwd_x, bwd_x, states, starts)
+        except Exception as e:  # noqa: BLE001 - any failure of capture or replay: the eager step continues
+            self.failed, self.graphed = True, None
+            self.note(f"CUDA graphs: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} - the eager "
+                      f"step continues (--no-cuda-graphs skips the attempt)")
+            return self.bilm.lm_stacks(fwd_x, bwd_x, states, starts)
 
 
 class _StopFlag:
@@ -562,6 +593,9 @@ class _TrainState:
         self.sampler = torch.Generator().manual_seed(tc.seed * 1_000_003 + ddp.rank + 1)
         torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
         self.states: tuple = (None, None)
+        # On a GPU the LSTM stacks replay as CUDA graphs (elmo_cli.graphed); None: the eager step (`BiLM.lm_hidden`).
+        self.graphs_off = reason_not(device, tc.cuda_graphs, ddp.enabled)
+        self.stacks = _Stacks(model, self.notes.append) if self.graphs_off is None else None
 
     @property
     def result_model(self) -> BiLM:
@@ -602,13 +636,19 @@ class _Trainer:
         self.config = config = fit_to_data(config, self.dataset)
         self.tc, self.run_dir = tc, run_dir
         self.files = _RunFiles(run_dir, config, self.dataset.encoder, self.ddp.main)
-        if self.ddp.main:
-            _check_run_dir(run_dir)
         ckpt = _checkpoint_to_resume(run_dir, config, self.ddp.world_size) if resume else None
         if ckpt is None and list_checkpoints(run_dir):
             raise ElmoError(f"{run_dir}: already holds a run (checkpoints/); pass --resume to continue it or "
                             f"choose another --output")
         self.state = _TrainState(config, self.dataset, self.ddp, self.device, run_dir, init_from, reset_softmax)
+        if _checks_memory(self.device) and not self.ddp.enabled:  # before anything is written
+            check_step_fits(self.state, config, self.device, self.autocast)
+        if self.ddp.main:
+            _check_run_dir(run_dir)
+        if self.state.stacks is not None:
+            self.state.stacks.note = self._note
+        elif self.state.graphs_off and self.ddp.main:
+            self.state.notes.append(self.state.graphs_off)
         self.progress = _Progress()
         if ckpt is not None:
             self.state.restore(ckpt, self.ddp.rank, self.device)
@@ -644,6 +684,12 @@ class _Trainer:
         return self.state.result_model
 
     # ---- writes ---------------------------------------------------------------------------------------------------
+    def _note(self, text: str) -> None:
+        """Something the run should say once (the end of `train` prints it; metrics.jsonl keeps it at its step)."""
+        step = self.progress.step + 1
+        self.state.notes.append(f"step {step:,}: {text}")
+        self.files.log({"kind": "note", "step": step, "text": text})
+
     def elapsed(self) -> float:
         """Training seconds of the whole run so far (resumed parts included)."""
         return self.progress.elapsed_before + time.monotonic() - self.start
@@ -710,10 +756,11 @@ class _Trainer:
             ids, n_tries = log_uniform_sample(tc.n_negative_samples, self.state.V, self.state.sampler)
             negatives.append(ids.to(self.device))
             tries.append(n_tries)
-        with _autocast(self.device, self.autocast):
+        stacks = self.state.stacks
+        with _autocast(self.device, self.autocast, cache=stacks is None):  # a capture cannot use autocast's cache
             f_loss, b_loss, new_states = self.state.wrapped(
                 batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, self.state.states,
-                tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None)
+                tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None, stacks=stacks)
             loss = (f_loss + b_loss) / 2
         f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
         _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
@@ -730,6 +777,79 @@ class _Trainer:
         run.step += 1
         run.tokens += tokens
         return f_val, b_val, grad_norm, tokens, lr
+
+
+def _checks_memory(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def rows_that_fit(rows: int, fits: Callable[[int], bool]) -> int:
+    """The most batch rows below `rows` for which `fits` is true, to within an eighth (halving until one fits, then
+    bisecting); 0 when not even one row does."""
+    hi, lo = rows, rows // 2
+    while lo >= 1 and not fits(lo):
+        hi, lo = lo, lo // 2
+    if lo < 1:
+        return 0
+    while hi - lo > max(1, lo // 8):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def step_fits(state: "_TrainState", config: RunConfig, device: torch.device, autocast: torch.dtype | None,
+              rows: int) -> bool:
+    """Whether a training step of `rows` rows fits in the device's memory: one forward and backward of the loss
+    on rows of distinct random tokens (the encoder's worst case), beside the optimizer's state for every
+    parameter. Leaves the model, its gradients and the RNGs as they were."""
+    tc, cnn = config.training, config.model.char_cnn
+    T, W = tc.unroll_steps, cnn.max_characters_per_token
+    chars = torch.randint(1, cnn.n_characters, (2, rows, T, W), generator=torch.Generator().manual_seed(0))
+    targets = torch.zeros(rows, T, dtype=torch.long)
+    negatives = torch.arange(min(tc.n_negative_samples, state.V))
+    rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    per_param = 1 if tc.optimizer == "adagrad" else 2
+    try:
+        optimizer_state = [torch.empty_like(p) for p in state.params for _ in range(per_param)]
+        chars, targets, negatives = chars.to(device), targets.to(device), negatives.to(device)
+        with _autocast(device, autocast):
+            f_loss, b_loss, _ = BiLMLoss(state.model)(chars[0], chars[1], targets, targets, (None, None),
+                                                      (negatives, negatives), (-1, -1))
+        ((f_loss + b_loss) / 2).backward()
+        del optimizer_state
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        for p in state.params:
+            p.grad = None
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(rng, device)
+            torch.cuda.empty_cache()
+        else:
+            torch.set_rng_state(rng)
+
+
+def check_step_fits(state: "_TrainState", config: RunConfig, device: torch.device, autocast: torch.dtype | None
+                    ) -> None:
+    """ElmoError naming the batch rows that fit, when a step at `config`'s rows does not fit in the device."""
+    B = config.training.batch_size
+    if step_fits(state, config, device, autocast, B):
+        return
+    n = rows_that_fit(B, lambda rows: step_fits(state, config, device, autocast, rows))
+    where = _memory_of(device)
+    if n == 0:
+        raise ElmoError(f"--batch-size {B}: not even one row of a training step of this model fits in {where}; "
+                        f"choose a smaller model (nothing was written)")
+    raise ElmoError(f"--batch-size {B}: a training step of this model does not fit in {where}; {n} rows do: give "
+                    f"--batch-size {n} (nothing was written)")
+
+
+def _memory_of(device: torch.device) -> str:
+    if device.type != "cuda":
+        return f"the memory of the {device.type} device"
+    free, total = torch.cuda.mem_get_info(device)
+    return f"the {total / 2 ** 30:.0f} GiB of {torch.cuda.get_device_name(device)} ({free / 2 ** 30:.0f} GiB free)"
 
 
 def _decide(tr: _Trainer, stop: _StopFlag, last_ckpt: tuple[int, float], last_validation: float

@@ -60,6 +60,9 @@ class TrainingConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "fp32"  # fp32 | bf16 (autocast)
     sparse_softmax: bool = True  # softmax gradients touch only the rows a batch used (single process)
+    # On a GPU, one process: the LSTM stacks of every step after the first replayed from CUDA graphs
+    # (elmo_cli.graphed; the same arithmetic, far fewer launches). No effect on the CPU.
+    cuda_graphs: bool = True
     log_every: int = 10  # steps per metrics.jsonl record
     checkpoint_every: int = 500  # steps; 0 = only by time and at the end
     checkpoint_minutes: float = 30.0  # also checkpoint after this many minutes; 0 = off

@@ -184,7 +184,7 @@ class BiLM(nn.Module):
     # ---- language modelling -------------------------------------------------------------------------------------
     def lm_hidden(self, fwd_chars: torch.Tensor, bwd_chars: torch.Tensor,
                   states: tuple[list[State] | None, list[State] | None] = (None, None),
-                  starts: torch.Tensor | None = None,
+                  starts: torch.Tensor | None = None, stacks=None,
                   ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[State], list[State]]]:
         """Top-layer outputs of both directions over two streams (the backward stream already reversed).
 
@@ -193,11 +193,21 @@ class BiLM(nn.Module):
         states : the carried `(forward, backward)` states, or None for zeros.
         starts : optional bool `(B, T)`, True where a sentence starts in both streams (they run in lockstep): the
             states are zeroed there, so every sentence is modelled from zero state as it is embedded and scored.
+        stacks : what runs `lm_stacks` (its arguments and results), None for `lm_stacks` itself: the training
+            step passes its CUDA-graph replay of it (`elmo_cli.graphed`).
 
         # Returns
         forward top `(B, T, P)`, backward top `(B, T, P)` (output dropout applied in training), new states.
         """
         B = fwd_chars.shape[0]
         both = self.encoder.forward_distinct(torch.cat([fwd_chars, bwd_chars], dim=0))  # (2B, T, P)
-        f_out, b_out, new_states = run_stacks(self.stacks, (both[:B], both[B:]), states, reset=starts)
+        return (stacks or self.lm_stacks)(both[:B], both[B:], states, starts)
+
+    def lm_stacks(self, fwd_x: torch.Tensor, bwd_x: torch.Tensor,
+                  states: tuple[list[State] | None, list[State] | None] = (None, None),
+                  starts: torch.Tensor | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[State], list[State]]]:
+        """`lm_hidden` after the token encoder: both stacks over token embeddings `(B, T, P)` each, then the output
+        dropout. Returns the two tops `(B, T, P)` and the new states."""
+        f_out, b_out, new_states = run_stacks(self.stacks, (fwd_x, bwd_x), states, reset=starts)
         return self.output_dropout(f_out[-1]), self.output_dropout(b_out[-1]), new_states

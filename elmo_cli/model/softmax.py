@@ -46,7 +46,7 @@ def log_uniform_sample(n: int, vocab_size: int, generator: torch.Generator) -> t
 def expected_counts(ids: torch.Tensor, vocab_size: int, num_tries: int) -> torch.Tensor:
     """Expected number of times each id appears in ``num_tries`` draws: ``1 - (1 - p)^tries`` (1 when exhaustive)."""
     if num_tries < 0:
-        return torch.ones(ids.shape, dtype=torch.float64)
+        return torch.ones(ids.shape, dtype=torch.float64, device=ids.device)
     p = log_uniform_probs(ids, vocab_size)
     return -torch.expm1(num_tries * torch.log1p(-p))
 
@@ -88,8 +88,9 @@ class SharedSoftmax(nn.Module):
         V = self.vocab_size
         w_true, b_true = self._rows(targets)  # (N, P), (N,)
         w_neg, b_neg = self._rows(sampled)  # (S, P), (S,)
-        log_q_true = torch.log(expected_counts(targets.cpu(), V, num_tries)).to(h.device, h.dtype)
-        log_q_neg = torch.log(expected_counts(sampled.cpu(), V, num_tries)).to(h.device, h.dtype)
+        # on the ids' own device: a GPU step does not wait here to copy them to the host
+        log_q_true = torch.log(expected_counts(targets, V, num_tries)).to(h.device, h.dtype)
+        log_q_neg = torch.log(expected_counts(sampled, V, num_tries)).to(h.device, h.dtype)
         N, P = h.shape
         true_logit = (h * w_true).sum(-1) + (b_true - log_q_true)  # (N,)
         # One (N, 1 + S) logit matrix built in place: column 0 (a zero placeholder row in the product) takes the
