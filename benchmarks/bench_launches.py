@@ -62,7 +62,8 @@ def count(autocast: bool) -> dict:
             forward = c.n
         ((fl + bl) / 2).backward()
     out["step"] = {"forward": forward, "backward": c.n - forward}
-    total, stacks = sum(out["step"].values()), sum(out["stacks"].values())
+    out["step"]["total"] = total = out["step"]["forward"] + out["step"]["backward"]
+    out["stacks"]["total"] = stacks = out["stacks"]["forward"] + out["stacks"]["backward"]
     out["stacks_share"] = round(stacks / total, 3)
     return out
 
@@ -72,9 +73,8 @@ def main() -> None:
     with Recording("launches", "python -m benchmarks.bench_launches", threads=1) as rec:
         for dtype, autocast in (("fp32", False), ("bf16", True)):
             r = rec.figures[dtype] = count(autocast)
-            total = sum(r["step"].values())
-            print(f"{dtype}: a training step dispatches {total:,} operations ({r['step']['forward']:,} forward, "
-                  f"{r['step']['backward']:,} backward); the LSTM stacks {sum(r['stacks'].values()):,} of them "
+            print(f"{dtype}: a training step dispatches {r['step']['total']:,} operations ({r['step']['forward']:,} "
+                  f"forward, {r['step']['backward']:,} backward); the LSTM stacks {r['stacks']['total']:,} of them "
                   f"({r['stacks_share']:.1%}), what a CUDA-graph step replays in two launches", flush=True)
 
 

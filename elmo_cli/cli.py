@@ -279,9 +279,9 @@ def cli_train(
     device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when torch sees a GPU, else the "
                                                                 "CPU) | cpu | cuda | cuda:N (default auto)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 (autocast) (default fp32)."),
-    cuda_graphs: Optional[bool] = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help="On a GPU (one "
-                                               "process), replay the LSTMs of each step from CUDA graphs (default "
-                                               "on; no effect on the CPU)."),
+    no_cuda_graphs: bool = typer.Option(False, "--no-cuda-graphs", help="On a GPU, run every step eagerly rather "
+                                                                        "than replay its LSTMs from CUDA graphs "
+                                                                        "(the default with one process)."),
     threads: Optional[int] = threads_option(),
     validation: Optional[Path] = typer.Option(None, "--validation", help="Held-out shards (same vocabulary): "
                                                                          "full-softmax perplexity as training goes, "
@@ -328,7 +328,7 @@ def cli_train(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
             n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average,
-            seed=seed, device=device, dtype=dtype, cuda_graphs=cuda_graphs, threads=threads, checkpoint_every=checkpoint_every,
+            seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, threads=threads, checkpoint_every=checkpoint_every,
             validation_every=validation_every, patience=patience, baseline=False if no_baseline else None)
         cfg, reason = training.resolve_config(output, data, preset=preset, config_file=config, flags=flags,
                                               validation_dir=validation, resume=resume, fine_tuning=fine_tuning)
