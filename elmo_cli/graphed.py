@@ -18,6 +18,8 @@ resumed replays the same masks as one that was not.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -93,3 +95,29 @@ class GraphedStacks:
             raise ValueError("the graph was captured with" + ("" if self.with_starts else "out") + " sentence starts")
         out = self._replay(fwd_x, bwd_x, *([starts] if starts is not None else []), *_flatten(states))
         return out[0], out[1], _unflatten(out[2:], self.n_layers)
+
+
+class StepStacks:
+    """What the training step runs `BiLM.lm_stacks` with on a GPU: eagerly while there are no states to capture
+    from (a run's first step), then from CUDA graphs (`GraphedStacks`), captured at the first step that has
+    them; eagerly again, for the rest of the run, if a capture or a replay fails. `note(text)` is called once when
+    the graphs start and once if they fail."""
+
+    def __init__(self, bilm: BiLM, note: Callable[[str], None]):
+        self.bilm, self.note = bilm, note
+        self.graphed = None
+        self.failed = False
+
+    def __call__(self, fwd_x: torch.Tensor, bwd_x: torch.Tensor, states: tuple, starts: torch.Tensor | None):
+        if self.failed or states[0] is None:
+            return self.bilm.lm_stacks(fwd_x, bwd_x, states, starts)
+        try:
+            if self.graphed is None:
+                self.graphed = GraphedStacks(self.bilm, fwd_x, bwd_x, states, starts)
+                self.note("CUDA graphs: the LSTM stacks run as captured graphs from this step")
+            return self.graphed(fwd_x, bwd_x, states, starts)
+        except Exception as e:  # noqa: BLE001 - any failure of capture or replay: the eager step continues
+            self.failed, self.graphed = True, None
+            self.note(f"CUDA graphs: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} - the eager "
+                      f"step continues (--no-cuda-graphs skips the attempt)")
+            return self.bilm.lm_stacks(fwd_x, bwd_x, states, starts)

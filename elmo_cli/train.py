@@ -36,7 +36,7 @@ from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoi
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
 from elmo_cli.distributed import Dist, init_distributed
 from elmo_cli.evaluate import evaluate
-from elmo_cli.graphed import reason_not
+from elmo_cli.graphed import StepStacks, reason_not
 from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
@@ -109,7 +109,7 @@ class BiLMLoss(nn.Module):
         states : carried `(forward, backward)` LSTM states or `(None, None)`.
         negatives : each direction's sampled ids `(S,)`; tries : their draw counts.
         starts : `(B, T)` bool, sentence starts where the states are zeroed, or None to carry them through (bilm-tf).
-        stacks : what runs `BiLM.lm_stacks`, None for itself (`BiLM.lm_hidden`; the trainer's `_Stacks`).
+        stacks : what runs `BiLM.lm_stacks`, None for itself (`BiLM.lm_hidden`; the trainer's `StepStacks`).
 
         # Returns
         forward loss, backward loss (scalars), the new states.
@@ -280,34 +280,6 @@ def _autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = Tru
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache)
-
-
-class _Stacks:
-    """What the training step runs `BiLM.lm_stacks` with on a GPU: eagerly while there are no states to capture
-    from (a run's first step), then from CUDA graphs (`elmo_cli.graphed`), captured at the first step that has
-    them; eagerly again, for the rest of the run, if a capture or a replay fails. `note(text)` is called once when
-    the graphs start and once if they fail."""
-
-    def __init__(self, bilm: BiLM, note: Callable[[str], None]):
-        self.bilm, self.note = bilm, note
-        self.graphed = None
-        self.failed = False
-
-    def __call__(self, fwd_x: torch.Tensor, bwd_x: torch.Tensor, states: tuple, starts: torch.Tensor | None):
-        if self.failed or states[0] is None:
-            return self.bilm.lm_stacks(fwd_x, bwd_x, states, starts)
-        try:
-            if self.graphed is None:
-                from elmo_cli.graphed import GraphedStacks
-
-                self.graphed = GraphedStacks(self.bilm, fwd_x, bwd_x, states, starts)
-                self.note("CUDA graphs: the LSTM stacks run as captured graphs from this step")
-            return self.graphed(fwd_x, bwd_x, states, starts)
-        except Exception as e:  # noqa: BLE001 - any failure of capture or replay: the eager step continues
-            self.failed, self.graphed = True, None
-            self.note(f"CUDA graphs: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} - the eager "
-                      f"step continues (--no-cuda-graphs skips the attempt)")
-            return self.bilm.lm_stacks(fwd_x, bwd_x, states, starts)
 
 
 class _StopFlag:
@@ -595,7 +567,7 @@ class _TrainState:
         self.states: tuple = (None, None)
         # On a GPU the LSTM stacks replay as CUDA graphs (elmo_cli.graphed); None: the eager step (`BiLM.lm_hidden`).
         self.graphs_off = reason_not(device, tc.cuda_graphs, ddp.enabled)
-        self.stacks = _Stacks(model, self.notes.append) if self.graphs_off is None else None
+        self.stacks = StepStacks(model, self.notes.append) if self.graphs_off is None else None
 
     @property
     def result_model(self) -> BiLM:
