@@ -9,7 +9,7 @@ average perplexity (full softmax, stateless: `elmo-cli evaluate`'s) over an orde
 training text: biLM/KN5, set beside the target for that preset and budget (`TARGETS`).
 
     python -m benchmarks.bench_quality [--corpus austen ...] [--preset auto laptop] [--minutes 60 ...]
-                                       [--out DIR] [--threads 2]
+                                       [--out DIR] [--threads 2] [--rows 32 64 ...] [--dropout 0.1 ...]
 
 `make bench-quality` runs the 60-minute column: austen-0.2M, austen, kjv and austen+kjv, auto and laptop (eight runs
 of up to an hour, the two on austen-0.2M ending at their pass caps sooner, and the probes, splits and Kneser-Ney
@@ -52,15 +52,17 @@ def target_for(record: dict) -> float | None:
     return target if record["corpus"] == "austen" else None
 
 
-def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, rows: int | None = None
-        ) -> dict:
-    """One training run (at `rows` batch rows when given, else the preset's); returns its record (best validation
-    over KN5, the auto line, speed)."""
+def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, rows: int | None = None,
+        dropout: float | None = None) -> dict:
+    """One training run (at `rows` batch rows and `dropout` when given, else the preset's); returns its record (best
+    validation over KN5, the auto line, speed)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{f'-{rows}rows' if rows else ''}-{stamp}"
+    asked = f"{f'-{rows}rows' if rows else ''}{f'-dropout{dropout:g}' if dropout is not None else ''}"
+    run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{asked}-{stamp}"
     cmd = [sys.executable, "-c", "from elmo_cli.cli import app; app()", "train", "--data", str(data / "train"),
            "--validation", str(data / "heldout"), "--output", str(run_dir), "--preset", preset, "--max-time",
-           f"{minutes}m", "--threads", str(threads), *(["--batch-size", str(rows)] if rows else [])]
+           f"{minutes}m", "--threads", str(threads), *(["--batch-size", str(rows)] if rows else []),
+           *(["--dropout", f"{dropout:g}"] if dropout is not None else [])]
     start = time.monotonic()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     seconds = time.monotonic() - start
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", nargs="+", type=int, default=[None],
                         help="batch rows to train each preset at (quality at equal time by rows); default the preset's")
+    parser.add_argument("--dropout", nargs="+", type=float, default=[None],
+                        help="dropout to train each preset at (over auto's choice); default the preset's")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     results = args.out / RESULTS
@@ -123,15 +127,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs = []
         for corpus, info in infos.items():
             data = args.out / "data" / corpus
-            for minutes, preset, rows in itertools.product(args.minutes, args.preset, args.rows):
-                if any((r["corpus"], r["preset"], r["minutes"], r.get("asked_rows")) == (corpus, preset, minutes, rows)
-                       for r in done):
+            for minutes, preset, rows, dropout in itertools.product(args.minutes, args.preset, args.rows,
+                                                                     args.dropout):
+                if any((r["corpus"], r["preset"], r["minutes"], r.get("asked_rows"), r.get("asked_dropout"))
+                       == (corpus, preset, minutes, rows, dropout) for r in done):
                     continue
                 print(f"{corpus}: {info['train_tokens']:,} training tokens; {preset}, {minutes:g} min"
-                      f"{f', {rows} rows' if rows else ''} ...", flush=True)
-                record = run(data, info, preset, minutes, args.threads, args.out, rows)
+                      f"{f', {rows} rows' if rows else ''}{f', dropout {dropout:g}' if dropout is not None else ''} ...",
+                      flush=True)
+                record = run(data, info, preset, minutes, args.threads, args.out, rows, dropout)
                 if rows:
                     record["asked_rows"] = rows
+                if dropout is not None:
+                    record["asked_dropout"] = dropout
                 with open(results, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
                 done.append(record)
