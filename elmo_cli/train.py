@@ -613,8 +613,8 @@ class _Trainer:
             raise ElmoError(f"{run_dir}: already holds a run (checkpoints/); pass --resume to continue it or "
                             f"choose another --output")
         self.state = _TrainState(config, self.dataset, self.ddp, self.device, run_dir, init_from, reset_softmax)
-        if _checks_memory(self.device) and not self.ddp.enabled:  # before anything is written
-            check_step_fits(self.state, config, self.device, self.autocast)
+        if _checks_memory(self.device):  # before anything is written
+            check_step_fits(self.state, config, self.device, self.autocast, self.ddp)
         if self.ddp.main:
             _check_run_dir(run_dir)
         if self.state.stacks is not None:
@@ -802,13 +802,19 @@ def step_fits(state: "_TrainState", config: RunConfig, device: torch.device, aut
             torch.set_rng_state(rng)
 
 
-def check_step_fits(state: "_TrainState", config: RunConfig, device: torch.device, autocast: torch.dtype | None
-                    ) -> None:
-    """ElmoError naming the batch rows that fit, when a step at `config`'s rows does not fit in the device."""
+def check_step_fits(state: "_TrainState", config: RunConfig, device: torch.device, autocast: torch.dtype | None,
+                    ddp: Dist = Dist()) -> None:
+    """ElmoError naming the batch rows that fit, when a step at `config`'s rows does not fit in the device. Under
+    torchrun every process tries its own device (the unwrapped model: no all-reduce) and the processes agree after
+    each try, so all of them ask the same sizes and stop with the same line: the rows that fit on every GPU."""
+
+    def fits(rows: int) -> bool:
+        return not _any_process(ddp, device, not step_fits(state, config, device, autocast, rows))[0]
+
     B = config.training.batch_size
-    if step_fits(state, config, device, autocast, B):
+    if fits(B):
         return
-    n = rows_that_fit(B, lambda rows: step_fits(state, config, device, autocast, rows))
+    n = rows_that_fit(B, fits)
     where = _memory_of(device)
     if n == 0:
         raise ElmoError(f"--batch-size {B}: not even one row of a training step of this model fits in {where}; "

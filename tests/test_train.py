@@ -376,6 +376,46 @@ def test_a_time_budget_paces_validation_by_the_clock_alone():
     assert _validation_due(explicit, 2000, 40_000, 60.0, clock_leads=True)
 
 
+STEP_LIMIT_SCRIPT = """
+import os, sys
+from elmo_cli import train as training
+real = training.step_fits
+limit = {0: 5, 1: 3}[int(os.environ["RANK"])]  # the second GPU has less room: it decides
+training._checks_memory = lambda device: True
+training.step_fits = lambda state, config, device, autocast, rows: (
+    print(f"rank {os.environ['RANK']} tries {rows}", flush=True) or
+    (rows <= limit and real(state, config, device, autocast, rows)))
+from elmo_cli.cli import app
+sys.argv = ["elmo-cli", *sys.argv[1:]]
+app()
+"""
+
+
+def test_torchrun_a_step_that_does_not_fit_one_gpu_stops_every_process_with_one_line(shards, tmp_path):
+    """Under torchrun each process tries the step on its own device and they agree after every try: both ask the
+    same sizes and stop with the rows that fit on every GPU; nothing is written. The devices' memories are
+    stand-ins around the real trial step (5 rows fit on rank 0, 3 on rank 1), as tests/test_graphed.py does for one
+    process."""
+    _, train_dir, _ = shards
+    script = tmp_path / "limited.py"
+    script.write_text(STEP_LIMIT_SCRIPT)
+    config = _write_config(tmp_path / "config.json", batch_size=16)
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(29500 + (os.getpid() + 7) % 1000),
+         str(script), "train", "--data", str(train_dir), "--output", str(run), "--config", str(config),
+         "--max-steps", "2"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        tries = [int(ln.split()[-1]) for ln in proc.stdout.splitlines() if ln.startswith(f"rank {rank} tries")]
+        assert tries == [16, 8, 4, 2, 3]
+    line = ("error: --batch-size 16: a training step of this model does not fit in the memory of the cpu device; "
+            "3 rows do: give --batch-size 3 (nothing was written)")
+    assert proc.stderr.count(line) == 2, proc.stderr[-3000:]  # each process says why it stopped
+    assert not run.exists()
+
+
 def test_torchrun_more_processes_than_gpus_is_one_clear_error(monkeypatch):
     """`torchrun --nproc-per-node 2` on a one-GPU machine: every process says why, before joining NCCL
     (rank 0 from torchrun's LOCAL_WORLD_SIZE, and rank 1 from its own LOCAL_RANK without it)."""
