@@ -51,7 +51,7 @@ SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 pa
 MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
 EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape an hour would get
 # (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
-DROPOUT_BY_EPOCHS = ((3.0, 0.1), (8.0, 0.2), (25.0, 0.3), (math.inf, 0.4))
+DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
 DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes; Adam below
 WEIGHT_DECAY = 0.2
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
