@@ -55,7 +55,7 @@ def target_for(record: dict) -> float | None:
 def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, rows: int | None = None,
         dropout: float | None = None) -> dict:
     """One training run (at `rows` batch rows and `dropout` when given, else the preset's); returns its record (best
-    validation over KN5, the auto line, speed)."""
+    validation over KN5, the auto line, speed, and `asked_rows`/`asked_dropout` where given)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     asked = f"{f'-{rows}rows' if rows else ''}{f'-dropout{dropout:g}' if dropout is not None else ''}"
     run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{asked}-{stamp}"
@@ -84,7 +84,8 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "rows": config["training"]["batch_size"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
-            "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir)}
+            "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
+            **({"asked_rows": rows} if rows else {}), **({"asked_dropout": dropout} if dropout is not None else {})}
 
 
 def table(records: list[dict]) -> str:
@@ -136,10 +137,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       f"{f', {rows} rows' if rows else ''}{f', dropout {dropout:g}' if dropout is not None else ''} ...",
                       flush=True)
                 record = run(data, info, preset, minutes, args.threads, args.out, rows, dropout)
-                if rows:
-                    record["asked_rows"] = rows
-                if dropout is not None:
-                    record["asked_dropout"] = dropout
                 with open(results, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
                 done.append(record)
