@@ -19,9 +19,13 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
 5. A time budget worth more passes than the corpus bears (`max_epochs`: 12 up to 130k tokens, then growing with
    the square root of its size: 15 at 0.2M) ends the run after that many, with the schedule laid over them: more
    overfit it.
-6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch 32,
-   20-token windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). A
+6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch
+   32 (64 and 128 rows train a fifth and a half faster on 2 CPU threads, and lost at equal time), 20-token
+   windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). A
    `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
+7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`) while
+   a doubling buys at least `ROWS_GAIN` times the tokens/s, and bf16 is tried at the rows kept: there a step at 32
+   rows waits on kernel launches, not arithmetic. Not yet measured on a GPU with a saved result.
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
@@ -54,6 +58,12 @@ EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape a
 DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
 DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes; Adam below
 WEIGHT_DECAY = 0.2
+# On a GPU with a time budget and no --batch-size, each shape's batch rows double from 32 while a doubling buys at
+# least ROWS_GAIN times the tokens/s: the updates a second fall by a tenth at most while each sees twice the text. A
+# step at 32 rows is launch-bound there (docs/gpu.md), so rows come nearly free until the arithmetic fills the GPU.
+# On 2 CPU threads a doubling bought 1.19x and lost at equal time (docs/auto.md), so a CPU keeps the recipe's 32.
+ROWS_LADDER = (32, 64, 128, 256, 512, 1024)
+ROWS_GAIN = 1.8
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
 PROBE_SECONDS = (1.0, 6.0)
 
@@ -87,7 +97,8 @@ class Facts:
 class Probe:
     shape: str
     dtype: str
-    tokens_per_s: float
+    tokens_per_s: float  # 0.0: the step did not fit in the device's memory
+    rows: int = 32
 
 
 @dataclass(frozen=True)
@@ -154,24 +165,43 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     negatives = min(base.training.n_negative_samples, facts.vocab_size)
     bf16_native = facts.device.startswith("cuda") or machine.cpu_bf16()
     probes: list[Probe] = []
+    rows_ladder = facts.device.startswith("cuda") and facts.batch_size is None and facts.budget_seconds > 0
+    stopped: dict[str, str] = {}  # shape name -> why its rows stopped doubling (the GPU ladder)
 
-    def fastest(shape: Shape) -> tuple[str, float]:
-        """(dtype, tokens/s): fp32, or bf16 where it is native and at least BF16_GAIN times faster."""
-        best = ("fp32", measure(_config(base, shape, "fp32", negatives, facts.threads), seconds))
-        probes.append(Probe(shape.name, *best))
-        if bf16_native:
-            rate = measure(_config(base, shape, "bf16", negatives, facts.threads), seconds)
-            probes.append(Probe(shape.name, "bf16", rate))
+    def rate_of(shape: Shape, dtype: str, rows: int) -> float:
+        config = _config(base, shape, dtype, negatives, facts.threads)
+        rate = measure(config.with_training(batch_size=rows), seconds)
+        probes.append(Probe(shape.name, dtype, rate, rows))
+        return rate
+
+    def fastest(shape: Shape) -> tuple[str, float, int]:
+        """(dtype, tokens/s, rows): fp32, or bf16 where it is native and at least BF16_GAIN times faster; on a GPU
+        the rows doubled in fp32 while each doubling buys ROWS_GAIN, and bf16 tried at the rows kept."""
+        rows = base.training.batch_size
+        best = ("fp32", rate_of(shape, "fp32", rows), rows)
+        if rows_ladder and best[1] > 0:
+            for more in (r for r in ROWS_LADDER if r > rows and 4 * r <= facts.train_sentences):
+                rate = rate_of(shape, "fp32", more)
+                if rate < ROWS_GAIN * best[1]:
+                    stopped[shape.name] = (f"{more:,} rows would buy {rate / best[1]:.2f}x (< {ROWS_GAIN:g}x)"
+                                           if rate else f"{more:,} rows do not fit in its memory")
+                    break
+                best = ("fp32", rate, more)
+        if bf16_native and best[1] > 0:
+            rate = rate_of(shape, "bf16", best[2])
             if rate >= BF16_GAIN * best[1]:
-                best = ("bf16", rate)
+                best = ("bf16", rate, best[2])
         return best
 
     cap = max_epochs(facts.train_tokens)
-    chosen: tuple[Shape, str, float] | None = None
+    chosen: tuple[Shape, str, float, int] | None = None
     below = 0.0  # the passes (up to the cap) of the shape taken so far
     refused = ""
     for shape in LADDER:
-        dtype, rate = fastest(shape)
+        dtype, rate, rows = fastest(shape)
+        if chosen is None and rate == 0:
+            raise ElmoError(f"--preset auto: a training step of {shape.name} at {rows} batch rows does not fit in "
+                            f"the memory of {facts.device} (nothing was written)")
         passes = rate * budget / facts.train_tokens
         if chosen is not None and passes < MIN_EPOCHS:
             refused = f"; {shape.name} would get {passes:.1f} (< {MIN_EPOCHS:g})"
@@ -180,10 +210,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             refused = (f"; {shape.name} would get {passes:.1f} (< {MIN_PASS_SHARE:g} x {chosen[0].name}'s "
                        f"{below:.1f})")
             break
-        chosen, below = (shape, dtype, rate), min(passes, cap)
+        chosen, below = (shape, dtype, rate, rows), min(passes, cap)
         if passes < MIN_EPOCHS:  # a larger shape is slower still
             break
-    shape, dtype, rate = chosen
+    shape, dtype, rate, rows = chosen
     budget_epochs = rate * budget / facts.train_tokens
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
@@ -192,7 +222,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))
-    config = _config(base, shape, dtype, negatives, facts.threads)
+    config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows)
     optimizer = {"optimizer": "adamw", "weight_decay": decay} if decay else {}
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
                                                                       epochs=run_epochs, **optimizer))
@@ -205,8 +235,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     else:
         why = (f"{epochs:g} epochs asked for; the shape an hour would get ({budget_epochs:.1f} passes at "
                f"{rate:,.0f} tokens/s)")
-    reason = (f"auto: {shape.name}, {dtype}, dropout {dropout:g}{f', AdamW decay {decay:g}' if decay else ''}, "
-              f"{config.training.n_negative_samples:,} "
+    if rows_ladder:
+        why += "; " + stopped.get(shape.name, f"{rows:,} rows: the most the ladder or the corpus's sentences allow")
+    reason = (f"auto: {shape.name}, {dtype}, {f'{rows:,} rows, ' if rows_ladder else ''}dropout {dropout:g}"
+              f"{f', AdamW decay {decay:g}' if decay else ''}, {config.training.n_negative_samples:,} "
               f"negatives{' (full softmax)' if negatives >= facts.vocab_size else ''}: {why}{refused}")
     return Choice(config, reason, tuple(probes), epochs, shape.name, rate)
 
@@ -246,8 +278,16 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     facts = Facts(tokens, dataset.num_sentences, len(dataset.vocab), float(given.get("max_time") or 0.0), epochs,
                   threads, device, vdataset.total_tokens if vdataset is not None else 0,
                   given.get("batch_size"), given.get("unroll_steps"))
+    def measure(config: RunConfig, seconds: float) -> float:
+        """Tokens/s of `config`, or 0.0 when its step does not fit in the GPU's memory (the rows ladder's end)."""
+        try:
+            return measure_throughput(config, dataset, seconds)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return 0.0
+
     start = time.monotonic()
-    choice = choose(facts, lambda config, seconds: measure_throughput(config, dataset, seconds), str(data_dir))
+    choice = choose(facts, measure, str(data_dir))
     spent = time.monotonic() - start
     _check_validation_fits(facts, choice.tokens_per_s, spent, str(validation_dir))
     chosen = choice.config

@@ -170,6 +170,96 @@ def test_a_gpu_probes_bf16_without_asking_the_cpu(monkeypatch):
     assert (choice.shape, choice.config.training.dtype) == (LARGE.name, "bf16")
 
 
+def gpu_rates(table: dict[tuple[str, str, int], float]):
+    """A fake GPU probe: tokens/s by (shape name, dtype, rows); a configuration not in `table` did not fit (0.0)."""
+    seen = []
+
+    def measure(config, seconds):
+        lstm, t = config.model.lstm, config.training
+        key = (f"LSTM {lstm.dim}/{lstm.projection_dim}", t.dtype, t.batch_size)
+        seen.append(key)
+        return table.get(key, 0.0)
+    measure.seen = seen
+    return measure
+
+
+# 15 minutes on 1M tokens on a GPU whose step at 32 rows waits on launches: each doubling of the rows nearly doubles
+# the tokens/s until the arithmetic fills it
+GPU = {(SMALL.name, "fp32", 32): 7_000.0, (SMALL.name, "fp32", 64): 13_500.0, (SMALL.name, "fp32", 128): 25_000.0,
+       (SMALL.name, "fp32", 256): 40_000.0, (SMALL.name, "bf16", 128): 30_000.0,
+       (LARGE.name, "fp32", 32): 3_000.0, (LARGE.name, "fp32", 64): 5_800.0, (LARGE.name, "fp32", 128): 11_000.0,
+       (LARGE.name, "fp32", 256): 12_000.0, (LARGE.name, "bf16", 128): 20_000.0}
+
+
+def test_a_gpu_doubles_the_rows_while_a_doubling_nearly_doubles_the_tokens_per_second(monkeypatch):
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: pytest.fail("the CPU check runs only on a CPU"))
+    measure = gpu_rates(GPU)
+    choice = choose(facts(tokens=1_000_000, budget=900, device="cuda:0"), measure)
+    # the small shape: 64 rows 1.93x, 128 rows 1.85x, 256 rows 1.6x (< 1.8: 128 kept), bf16 at 128 rows 1.2x (kept);
+    # the large one: 128 rows, then bf16 at 128 rows: 20,000 x 900 s / 1M = 18 passes, 0.67 of the small one's 27
+    assert measure.seen == [(SMALL.name, "fp32", 32), (SMALL.name, "fp32", 64), (SMALL.name, "fp32", 128),
+                            (SMALL.name, "fp32", 256), (SMALL.name, "bf16", 128),
+                            (LARGE.name, "fp32", 32), (LARGE.name, "fp32", 64), (LARGE.name, "fp32", 128),
+                            (LARGE.name, "fp32", 256), (LARGE.name, "bf16", 128)]
+    assert (choice.shape, choice.config.training.dtype, choice.config.training.batch_size) == (LARGE.name, "bf16", 128)
+    assert choice.reason == ("auto: LSTM 1024/256, bf16, 128 rows, dropout 0.3, AdamW decay 0.2, 1,024 negatives: "
+                             "20,000 tokens/s measured x 15 min = 18.0 passes over 1.00M tokens; 256 rows would buy "
+                             "1.09x (< 1.8x)")
+    assert [p.rows for p in choice.probes] == [k[2] for k in measure.seen]
+
+
+def test_the_gpu_rows_stop_where_the_memory_or_the_corpus_ends():
+    table = {k: v for k, v in GPU.items() if k[2] < 128}  # 128 rows do not fit in this GPU
+    table.update({(SMALL.name, "fp32", 64): 13_600.0, (SMALL.name, "bf16", 64): 14_000.0,
+                  (LARGE.name, "bf16", 64): 6_000.0})
+    choice = choose(facts(tokens=1_000_000, budget=900, device="cuda:0"), gpu_rates(table))
+    assert choice.config.training.batch_size == 64 and choice.shape == SMALL.name  # 64 rows; bf16 did not pay
+    assert choice.reason.endswith("; 128 rows do not fit in its memory; LSTM 1024/256 would get 5.2 (< 0.45 x LSTM "
+                                  "512/128's 12.2)"), choice.reason
+    # 300 sentences: 4 a row allow 75 rows, so 64 is the last rung probed
+    measure = gpu_rates(GPU)
+    few = choose(facts(tokens=1_000_000, budget=900, device="cuda:0", sentences=300), measure)
+    assert max(k[2] for k in measure.seen) == 64 and few.config.training.batch_size == 64
+    assert "64 rows: the most the ladder or the corpus's sentences allow" in few.reason
+
+
+def test_no_rows_ladder_on_a_cpu_with_a_users_batch_or_without_a_time_budget(no_bf16):
+    for f in (facts(budget=900), dataclasses.replace(facts(budget=900, device="cuda:0"), batch_size=256),
+              facts(budget=0.0, epochs=20.0, device="cuda:0")):
+        measure = gpu_rates({(n, d, r): 5_000.0 for n in (SMALL.name, LARGE.name) for d in ("fp32", "bf16")
+                             for r in (32, 256)})
+        choice = choose(f, measure)
+        rows = f.batch_size or 32
+        assert {k[2] for k in measure.seen} == {rows} and choice.config.training.batch_size == rows
+        assert " rows, " not in choice.reason and " rows would buy" not in choice.reason
+
+
+def test_a_gpu_too_small_for_the_smallest_shape_is_refused_in_one_line():
+    with pytest.raises(auto.ElmoError, match=r"^--preset auto: a training step of LSTM 512/128 at 32 batch rows does "
+                                             r"not fit in the memory of cuda:0 \(nothing was written\)$"):
+        choose(facts(device="cuda:0"), gpu_rates({}))
+
+
+def test_auto_config_reads_a_gpu_step_that_does_not_fit_as_the_end_of_the_rows(corpus, monkeypatch):
+    """The probe's out-of-memory error is the ladder's end, not the command's."""
+    import torch
+
+    import elmo_cli.train
+    _, train_dir, _ = corpus
+    monkeypatch.setattr(auto, "resolve_device", lambda device: "cuda:0")
+    seen = []
+
+    def measure(config, dataset, seconds):
+        seen.append(config.training.batch_size)
+        if config.training.batch_size > 64:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return 1_000.0 * config.training.batch_size
+    monkeypatch.setattr(elmo_cli.train, "measure_throughput", measure)
+    config, choice = auto.auto_config(train_dir, None, None, {"max_time": 3600.0, "threads": 1})
+    assert config.training.batch_size == 64 and "128 rows do not fit in its memory" in choice.reason
+    assert 128 in seen and 256 not in seen
+
+
 def test_an_epoch_budget_sizes_the_shape_as_an_hour_would(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 2500.0, (LARGE.name, "fp32"): 1200.0})
     choice = choose(facts(budget=0.0, epochs=30.0), measure)
