@@ -170,7 +170,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
 
     def rate_of(shape: Shape, dtype: str, rows: int) -> float:
         config = _config(base, shape, dtype, negatives, facts.threads)
-        rate = measure(config.with_training(batch_size=rows), seconds)
+        rate = measure(config.with_training(batch_size=rows, device=facts.device), seconds)  # the run's device
         probes.append(Probe(shape.name, dtype, rate, rows))
         return rate
 

@@ -240,6 +240,20 @@ def test_a_gpu_too_small_for_the_smallest_shape_is_refused_in_one_line():
         choose(facts(device="cuda:0"), gpu_rates({}))
 
 
+def test_the_probe_runs_on_the_device_the_run_will(corpus, monkeypatch, no_bf16):
+    """`--device cpu` on a machine with a GPU probes the CPU, not the `auto` device of the recipe."""
+    import elmo_cli.train
+    _, train_dir, _ = corpus
+    seen = []
+
+    def measure(config, dataset, seconds):
+        seen.append(config.training.device)
+        return 50_000.0
+    monkeypatch.setattr(elmo_cli.train, "measure_throughput", measure)
+    auto.auto_config(train_dir, None, None, {"max_time": 600.0, "threads": 1, "device": "cpu"})
+    assert seen and set(seen) == {"cpu"}
+
+
 def test_auto_config_reads_a_gpu_step_that_does_not_fit_as_the_end_of_the_rows(corpus, monkeypatch):
     """The probe's out-of-memory error is the ladder's end, not the command's."""
     import torch

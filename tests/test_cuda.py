@@ -190,3 +190,20 @@ def test_a_batch_that_does_not_fit_names_the_rows_that_do(shards, tmp_path):
     rows = int(line.split("; ")[1].split(" rows do")[0])
     assert 256 <= rows < 4096 and line.endswith(f"give --batch-size {rows} (nothing was written)")
     assert not (tmp_path / "run").exists()
+
+
+def test_auto_on_the_gpu_doubles_its_rows_past_the_cpus_32(tmp_path):
+    """`--preset auto --max-time` on CUDA probes each shape at doubling rows and keeps those a doubling paid 1.8x
+    for: a step of 32 rows leaves a GPU waiting on launches, so at least one doubling pays (docs/auto.md)."""
+    import re
+
+    from elmo_cli import auto
+
+    _, train_dir, _ = make_shards(tmp_path / "corpus", n_train=4000, n_valid=10)
+    config, choice = auto.auto_config(train_dir, None, None, {"max_time": 120.0, "device": "cuda"})
+    m = re.match(r"auto: LSTM \S+, (fp32|bf16), ([\d,]+) rows, ", choice.reason)
+    assert m, choice.reason
+    rows = int(m[2].replace(",", ""))
+    assert rows == config.training.batch_size >= 64, choice.reason
+    assert {p.rows for p in choice.probes} >= {32, 64} and all(p.tokens_per_s > 0 for p in choice.probes
+                                                               if p.rows <= rows), choice.probes
