@@ -9,7 +9,9 @@
 3. Dump: `dump_embeddings` of examples/austen_heldout.txt (864 lines, 21,064 tokens) with random weights in the
    `original` shape, fp32 and bf16, tokens/s; the same input on the host's CPU in fp32 in this run for the ratio.
 4. `--preset auto`'s shapes by batch rows: the probe `auto` runs (`train.measure_throughput`, 5 s after two warm-up
-   steps) for each shape of `auto.LADDER` at 32, 128 and 512 rows, fp32 and bf16 (docs/auto.md, "On a GPU").
+   steps) for each shape of `auto.LADDER` at each rung of `auto.ROWS_LADDER` (32 to 1,024 rows), fp32 and bf16,
+   with each doubling's gain beside the 1.8x that `auto` asks of it; then the line `--preset auto --max-time 15m`
+   prints on these shards, its own probes and choice (docs/auto.md, "On a GPU").
 
 5. Steps (issue 39's table): tokens/s of `laptop`, `small` and `original` at 32, 128 and 512 rows, fp32 and bf16,
    the eager step beside the CUDA-graph step (`--no-cuda-graphs` / the default), each as `--preset auto`'s probe
@@ -40,6 +42,7 @@ import torch
 from benchmarks.bench_embed import max_diff
 from benchmarks.bench_train import flops_per_token, run_preset
 from benchmarks.results import Recording
+from elmo_cli import auto
 from elmo_cli.bilm_format import save_model_dir
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.embed import Embedder
@@ -79,11 +82,17 @@ def dump_rate(model_dir: Path, text: Path, out: Path, device: str, compute_dtype
     return result.tokens / (time.perf_counter() - t), result.tokens
 
 
-def auto_batch_rates(shards: Path, device: str = "cuda", rows=(32, 128, 512), seconds: float = 5.0
-                     ) -> list[dict]:
-    """Training tokens/s of each `auto.LADDER` shape by batch rows and dtype, as `--preset auto` probes them."""
-    from elmo_cli import auto
+def auto_batch_rates(shards: Path, device: str = "cuda", rows=None, seconds: float = 5.0) -> list[dict]:
+    """Training tokens/s of each `auto.LADDER` shape by batch rows (`auto.ROWS_LADDER`) and dtype, as
+    `--preset auto` probes them; 0 where the step did not fit in the GPU's memory."""
     from elmo_cli.train import measure_throughput, open_shards
+
+    def measure(config):
+        try:
+            return measure_throughput(config, data, seconds)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return 0.0
 
     data = open_shards(shards)
     base = auto._base()
@@ -91,12 +100,19 @@ def auto_batch_rates(shards: Path, device: str = "cuda", rows=(32, 128, 512), se
     out = []
     for shape in auto.LADDER:
         for dtype in ("fp32", "bf16"):
-            for batch in rows:
+            for batch in rows or auto.ROWS_LADDER:
                 config = auto._config(base, shape, dtype, negatives, torch.get_num_threads())
                 config = config.with_training(batch_size=batch, device=device)
-                out.append(dict(shape=shape.name, dtype=dtype, batch=batch,
-                                tokens_per_s=measure_throughput(config, data, seconds)))
+                out.append(dict(shape=shape.name, dtype=dtype, batch=batch, tokens_per_s=measure(config)))
     return out
+
+
+def auto_choice(shards: Path, minutes: float = 15.0) -> dict:
+    """The line `train --preset auto --max-time MINUTES` prints on `shards` on the GPU, with its probes."""
+    _, choice = auto.auto_config(shards, None, None, {"max_time": 60.0 * minutes, "device": "cuda"})
+    return {"minutes": minutes, "line": choice.reason, "probe_seconds": round(choice.probe_seconds, 1),
+            "probes": [dict(shape=p.shape, dtype=p.dtype, rows=p.rows, tokens_per_s=round(p.tokens_per_s))
+                       for p in choice.probes]}
 
 
 # Dense peak rates (FLOP/s) by GPU model, from NVIDIA's datasheets (H100 and H200 Tensor Core GPU datasheets, 2023-24:
@@ -236,15 +252,17 @@ def main() -> None:
         if "auto" in parts:
             rates = auto_batch_rates(work / "shards")
             rec.figures["auto_batch_rates"] = [dict(r, tokens_per_s=round(r["tokens_per_s"])) for r in rates]
-            rows = sorted({r["batch"] for r in rates})
             print("auto's shapes on cuda, tokens/s by batch rows: " + " | ".join(
                 f"{r['shape']} {r['dtype']} {r['batch']}: {r['tokens_per_s']:,.0f}" for r in rates), flush=True)
-            for r in rates:
-                if r["batch"] == rows[-1]:
-                    base = next(b for b in rates if b["shape"] == r["shape"] and b["dtype"] == r["dtype"]
-                                and b["batch"] == rows[0])
-                    print(f"  {r['shape']} {r['dtype']}: {rows[-1]} rows {r['tokens_per_s'] / base['tokens_per_s']:.1f}x "
-                          f"the tokens/s of {rows[0]}", flush=True)
+            for a, b in zip(rates, rates[1:]):
+                if (a["shape"], a["dtype"]) == (b["shape"], b["dtype"]) and a["tokens_per_s"]:
+                    gain = b["tokens_per_s"] / a["tokens_per_s"]
+                    print(f"  {a['shape']} {a['dtype']}: {a['batch']} -> {b['batch']} rows {gain:.2f}x "
+                          f"({'kept' if gain >= auto.ROWS_GAIN else 'not kept'} by auto's {auto.ROWS_GAIN:g}x)",
+                          flush=True)
+            choice = rec.figures["auto_choice_15m"] = auto_choice(work / "shards")
+            print(f"--preset auto --max-time 15m here ({choice['probe_seconds']} s of probes): {choice['line']}",
+                  flush=True)
         if "steps" in parts:
             print("training steps by preset, dtype and rows, eager and CUDA graphs:", flush=True)
             rec.figures["steps"] = step_table(work / "shards")
