@@ -24,8 +24,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). A
    `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
 7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`) while
-   a doubling buys at least `ROWS_GAIN` times the tokens/s, and bf16 is tried at the rows kept: there a step at 32
-   rows waits on kernel launches, not arithmetic. Not yet measured on a GPU with a saved result.
+   a doubling buys at least `ROWS_GAIN` times the tokens/s and the rows kept do not yet reach the pass cap in the
+   budget (past it more rows only end the run sooner, with fewer updates), and bf16 is tried at the rows kept:
+   there a step at 32 rows waits on kernel launches, not arithmetic. Not yet measured on a GPU with a saved result.
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
@@ -164,6 +165,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     base = _base(facts)
     negatives = min(base.training.n_negative_samples, facts.vocab_size)
     bf16_native = facts.device.startswith("cuda") or machine.cpu_bf16()
+    cap = max_epochs(facts.train_tokens)
     probes: list[Probe] = []
     rows_ladder = facts.device.startswith("cuda") and facts.batch_size is None and facts.budget_seconds > 0
     stopped: dict[str, str] = {}  # shape name -> why its rows stopped doubling (the GPU ladder)
@@ -181,6 +183,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         best = ("fp32", rate_of(shape, "fp32", rows), rows)
         if rows_ladder and best[1] > 0:
             for more in (r for r in ROWS_LADDER if r > rows and 4 * r <= facts.train_sentences):
+                if best[1] * budget / facts.train_tokens >= cap:  # more rows would only end it sooner
+                    stopped[shape.name] = f"{best[2]:,} rows already reach the {cap:g}-pass cap"
+                    break
                 rate = rate_of(shape, "fp32", more)
                 if rate < ROWS_GAIN * best[1]:
                     stopped[shape.name] = (f"{more:,} rows would buy {rate / best[1]:.2f}x (< {ROWS_GAIN:g}x)"
@@ -193,7 +198,6 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                 best = ("bf16", rate, best[2])
         return best
 
-    cap = max_epochs(facts.train_tokens)
     chosen: tuple[Shape, str, float, int] | None = None
     below = 0.0  # the passes (up to the cap) of the shape taken so far
     refused = ""

@@ -223,6 +223,17 @@ def test_the_gpu_rows_stop_where_the_memory_or_the_corpus_ends():
     assert "64 rows: the most the ladder or the corpus's sentences allow" in few.reason
 
 
+def test_the_gpu_rows_stop_doubling_once_the_budget_reaches_the_pass_cap():
+    """200k tokens in 15 minutes: 32 rows of the small shape already reach the 14.9-pass cap, so more rows would only
+    end the run sooner with fewer updates; the larger shape doubles once (64 rows: 26 passes) and stops there."""
+    measure = gpu_rates(GPU)
+    choice = choose(facts(tokens=200_000, budget=900, device="cuda:0"), measure)
+    assert [k for k in measure.seen if k[0] == SMALL.name] == [(SMALL.name, "fp32", 32), (SMALL.name, "bf16", 32)]
+    assert [k[2] for k in measure.seen if k[0] == LARGE.name] == [32, 64, 64]
+    assert (choice.shape, choice.config.training.batch_size) == (LARGE.name, 64)
+    assert "; 64 rows already reach the 14.9-pass cap" in choice.reason and "it stops after 14.9" in choice.reason
+
+
 def test_no_rows_ladder_on_a_cpu_with_a_users_batch_or_without_a_time_budget(no_bf16):
     for f in (facts(budget=900), dataclasses.replace(facts(budget=900, device="cuda:0"), batch_size=256),
               facts(budget=0.0, epochs=20.0, device="cuda:0")):
@@ -267,7 +278,7 @@ def test_auto_config_reads_a_gpu_step_that_does_not_fit_as_the_end_of_the_rows(c
         seen.append(config.training.batch_size)
         if config.training.batch_size > 64:
             raise torch.OutOfMemoryError("CUDA out of memory")
-        return 1_000.0 * config.training.batch_size
+        return 1.0 * config.training.batch_size  # 64 rows: 7.7 passes of its 0.03M tokens in the hour, under the cap
     monkeypatch.setattr(elmo_cli.train, "measure_throughput", measure)
     config, choice = auto.auto_config(train_dir, None, None, {"max_time": 3600.0, "threads": 1})
     assert config.training.batch_size == 64 and "128 rows do not fit in its memory" in choice.reason

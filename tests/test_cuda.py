@@ -194,13 +194,14 @@ def test_a_batch_that_does_not_fit_names_the_rows_that_do(shards, tmp_path):
 
 def test_auto_on_the_gpu_doubles_its_rows_past_the_cpus_32(tmp_path):
     """`--preset auto --max-time` on CUDA probes each shape at doubling rows and keeps those a doubling paid 1.8x
-    for: a step of 32 rows leaves a GPU waiting on launches, so at least one doubling pays (docs/auto.md)."""
+    for: a step of 32 rows leaves a GPU waiting on launches, so at least one doubling pays (docs/auto.md). About
+    0.3M tokens and a minute's budget, so that no rung reaches the pass cap (about 18 passes) before the rows stop paying."""
     import re
 
     from elmo_cli import auto
 
-    _, train_dir, _ = make_shards(tmp_path / "corpus", n_train=4000, n_valid=10)
-    config, choice = auto.auto_config(train_dir, None, None, {"max_time": 120.0, "device": "cuda"})
+    _, train_dir, _ = make_shards(tmp_path / "corpus", n_train=40_000, n_valid=10)
+    config, choice = auto.auto_config(train_dir, None, None, {"max_time": 60.0, "device": "cuda"})
     m = re.match(r"auto: LSTM \S+, (fp32|bf16), ([\d,]+) rows, ", choice.reason)
     assert m, choice.reason
     rows = int(m[2].replace(",", ""))
