@@ -85,14 +85,7 @@ def dump_rate(model_dir: Path, text: Path, out: Path, device: str, compute_dtype
 def auto_batch_rates(shards: Path, device: str = "cuda", rows=None, seconds: float = 5.0) -> list[dict]:
     """Training tokens/s of each `auto.LADDER` shape by batch rows (`auto.ROWS_LADDER`) and dtype, as
     `--preset auto` probes them; 0 where the step did not fit in the GPU's memory."""
-    from elmo_cli.train import measure_throughput, open_shards
-
-    def measure(config):
-        try:
-            return measure_throughput(config, data, seconds)
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            return 0.0
+    from elmo_cli.train import open_shards
 
     data = open_shards(shards)
     base = auto._base()
@@ -103,7 +96,7 @@ def auto_batch_rates(shards: Path, device: str = "cuda", rows=None, seconds: flo
             for batch in rows or auto.ROWS_LADDER:
                 config = auto._config(base, shape, dtype, negatives, torch.get_num_threads())
                 config = config.with_training(batch_size=batch, device=device)
-                out.append(dict(shape=shape.name, dtype=dtype, batch=batch, tokens_per_s=measure(config)))
+                out.append(dict(shape=shape.name, dtype=dtype, batch=batch, tokens_per_s=auto.probe_rate(config, data, seconds)))
     return out
 
 

@@ -59,10 +59,8 @@ EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape a
 DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
 DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes; Adam below
 WEIGHT_DECAY = 0.2
-# On a GPU with a time budget and no --batch-size, each shape's batch rows double from 32 while a doubling buys at
-# least ROWS_GAIN times the tokens/s: the updates a second fall by a tenth at most while each sees twice the text. A
-# step at 32 rows is launch-bound there (docs/gpu.md), so rows come nearly free until the arithmetic fills the GPU.
-# On 2 CPU threads a doubling bought 1.19x and lost at equal time (docs/auto.md), so a CPU keeps the recipe's 32.
+# Rule 7 (a GPU's rows): at ROWS_GAIN the updates a second fall by a tenth at most while each sees twice the text; on
+# 2 CPU threads a doubling bought 1.19x and lost at equal time (docs/auto.md), so a CPU keeps the recipe's 32.
 ROWS_LADDER = (32, 64, 128, 256, 512, 1024)
 ROWS_GAIN = 1.8
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
@@ -260,7 +258,7 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
 
     import torch
 
-    from elmo_cli.train import measure_throughput, open_shards
+    from elmo_cli.train import open_shards
 
     given = {k: v for k, v in overrides.items() if v is not None}
     given.update({k: v for k, v in (user or {}).get("training", {}).items() if k in ("max_time", "epochs",
@@ -282,16 +280,8 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     facts = Facts(tokens, dataset.num_sentences, len(dataset.vocab), float(given.get("max_time") or 0.0), epochs,
                   threads, device, vdataset.total_tokens if vdataset is not None else 0,
                   given.get("batch_size"), given.get("unroll_steps"))
-    def measure(config: RunConfig, seconds: float) -> float:
-        """Tokens/s of `config`, or 0.0 when its step does not fit in the GPU's memory (the rows ladder's end)."""
-        try:
-            return measure_throughput(config, dataset, seconds)
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            return 0.0
-
     start = time.monotonic()
-    choice = choose(facts, measure, str(data_dir))
+    choice = choose(facts, lambda config, seconds: probe_rate(config, dataset, seconds), str(data_dir))
     spent = time.monotonic() - start
     _check_validation_fits(facts, choice.tokens_per_s, spent, str(validation_dir))
     chosen = choice.config
@@ -303,6 +293,20 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
         config = config.with_training(max_time=max(config.training.max_time - spent, 1.0))
     reason = choice.reason + _yours(choice.config, config)
     return config, dataclasses.replace(choice, probe_seconds=spent, reason=reason)
+
+
+def probe_rate(config: RunConfig, dataset, seconds: float) -> float:
+    """`train.measure_throughput` of `config`, or 0.0 when its step does not fit in the GPU's memory (where the
+    rows ladder ends)."""
+    import torch
+
+    from elmo_cli.train import measure_throughput
+
+    try:
+        return measure_throughput(config, dataset, seconds)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return 0.0
 
 
 def _yours(chosen: RunConfig, final: RunConfig) -> str:
