@@ -353,7 +353,9 @@ def test_auto_trains_within_its_budget_and_places_the_result(corpus, tmp_path):
     best = min(x["average_perplexity"] for x in records if x.get("kind") == "validation")
     kn5 = next(x["average_perplexity"] for x in records if x.get("kind") == "baseline")
     placed = [line for line in lines if re.match(r"^\d+\.\d{3}x KN5", line)]
-    assert placed and placed[-1].startswith(f"{best / kn5:.3f}x KN5"), r.stdout
+    assert placed, r.stdout
+    # metrics.jsonl keeps 4 decimals, so the ratio redone from it may differ from the line's in the 3rd decimal
+    assert float(placed[-1].split("x KN5")[0]) == pytest.approx(best / kn5, abs=0.0011), r.stdout
     assert saved["training"]["max_time"] < 24.0  # the probe's seconds come out of the budget
     assert saved["training"]["threads"] == 1
     # the repeated command resumes the run's own choice (no new probe that could choose differently)
