@@ -10,6 +10,7 @@ training text: biLM/KN5, set beside the target for that preset and budget (`TARG
 
     python -m benchmarks.bench_quality [--corpus austen ...] [--preset auto laptop] [--minutes 60 ...]
                                        [--out DIR] [--threads 2] [--rows 32 64 ...] [--dropout 0.1 ...]
+                                       [--lr 0.006 ...]
 
 `make bench-quality` runs the 60-minute column: austen-0.2M, austen, kjv and austen+kjv, auto and laptop (eight runs
 of up to an hour, the two on austen-0.2M ending at their pass caps sooner, and the probes, splits and Kneser-Ney
@@ -52,17 +53,27 @@ def target_for(record: dict) -> float | None:
     return target if record["corpus"] == "austen" else None
 
 
-def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, rows: int | None = None,
-        dropout: float | None = None) -> dict:
-    """One training run (at `rows` batch rows and `dropout` when given, else the preset's); returns its record (best
-    validation over KN5, the auto line, speed, and `asked_rows`/`asked_dropout` where given)."""
+# What a run may be asked over its preset's choice: the record's key, the `train` flag, the run directory's suffix.
+ASKED = {"rows": ("--batch-size", "{:g}rows"), "dropout": ("--dropout", "dropout{:g}"), "lr": ("--lr", "lr{:g}")}
+
+
+def asked_key(record: dict) -> tuple:
+    """The cell a record fills: corpus, preset, minutes and what it was asked (None where the preset chose)."""
+    return (record["corpus"], record["preset"], record["minutes"], *(record.get(f"asked_{k}") for k in ASKED))
+
+
+def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, **asked: float | None) -> dict:
+    """One training run, with each of `asked` (rows, dropout, lr; see `ASKED`) given to `train` over the preset's
+    choice where not None; returns its record (best validation over KN5, the auto line, speed, and `asked_rows`,
+    `asked_dropout`, `asked_lr` where given)."""
+    asked = {k: v for k, v in asked.items() if v is not None}
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    asked = f"{f'-{rows}rows' if rows else ''}{f'-dropout{dropout:g}' if dropout is not None else ''}"
-    run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{asked}-{stamp}"
+    suffix = "".join("-" + ASKED[k][1].format(v) for k, v in asked.items())
+    run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{suffix}-{stamp}"
     cmd = [sys.executable, "-c", "from elmo_cli.cli import app; app()", "train", "--data", str(data / "train"),
            "--validation", str(data / "heldout"), "--output", str(run_dir), "--preset", preset, "--max-time",
-           f"{minutes}m", "--threads", str(threads), *(["--batch-size", str(rows)] if rows else []),
-           *(["--dropout", f"{dropout:g}"] if dropout is not None else [])]
+           f"{minutes}m", "--threads", str(threads),
+           *[a for k, v in asked.items() for a in (ASKED[k][0], f"{v:g}")]]
     start = time.monotonic()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     seconds = time.monotonic() - start
@@ -80,12 +91,12 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "curve": [(round(v["elapsed"] / 60, 1), v["average_perplexity"]) for v in validations],
             "auto": next((ln for ln in done.stdout.splitlines() if ln.startswith("auto:")), None),
             "shape": f"{config['lstm']['dim']}/{config['lstm']['projection_dim']}",
-            "dtype": config["training"]["dtype"], "dropout": config["training"]["dropout"],
+            "dtype": config["training"]["dtype"], "dropout": config["training"]["dropout"], "lr": config["training"]["lr"],
             "rows": config["training"]["batch_size"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
             "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
-            **({"asked_rows": rows} if rows else {}), **({"asked_dropout": dropout} if dropout is not None else {})}
+            **{f"asked_{k}": v for k, v in asked.items()}}
 
 
 def table(records: list[dict]) -> str:
@@ -111,6 +122,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="batch rows to train each preset at (quality at equal time by rows); default the preset's")
     parser.add_argument("--dropout", nargs="+", type=float, default=[None],
                         help="dropout to train each preset at (over auto's choice); default the preset's")
+    parser.add_argument("--lr", nargs="+", type=float, default=[None],
+                        help="peak learning rate to train each preset at; default the preset's")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     results = args.out / RESULTS
@@ -128,15 +141,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs = []
         for corpus, info in infos.items():
             data = args.out / "data" / corpus
-            for minutes, preset, rows, dropout in itertools.product(args.minutes, args.preset, args.rows,
-                                                                     args.dropout):
-                if any((r["corpus"], r["preset"], r["minutes"], r.get("asked_rows"), r.get("asked_dropout"))
-                       == (corpus, preset, minutes, rows, dropout) for r in done):
+            for minutes, preset, rows, dropout, lr in itertools.product(args.minutes, args.preset, args.rows,
+                                                                         args.dropout, args.lr):
+                asked = {"rows": rows, "dropout": dropout, "lr": lr}
+                cell = {"corpus": corpus, "preset": preset, "minutes": minutes,
+                        **{f"asked_{k}": v for k, v in asked.items()}}
+                if any(asked_key(r) == asked_key(cell) for r in done):
                     continue
                 print(f"{corpus}: {info['train_tokens']:,} training tokens; {preset}, {minutes:g} min"
-                      f"{f', {rows} rows' if rows else ''}{f', dropout {dropout:g}' if dropout is not None else ''} ...",
-                      flush=True)
-                record = run(data, info, preset, minutes, args.threads, args.out, rows, dropout)
+                      + "".join(f", {k} {v:g}" for k, v in asked.items() if v is not None) + " ...", flush=True)
+                record = run(data, info, preset, minutes, args.threads, args.out, **asked)
                 with open(results, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
                 done.append(record)
