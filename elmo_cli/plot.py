@@ -74,6 +74,20 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (c[1:] - c[np.arange(1, len(values) + 1) - k]) / k
 
 
+def label_perplexity_axis(ax) -> None:
+    """Plain-number labels (60, 70, 80, not 6x10^1) on a log-scale perplexity axis. Within a decade a log axis ticks
+    only at 1-9 x 10^k, so a run that falls from 142 to 77 would show 80, 90 and 100 and nothing above: there the
+    ticks are evenly spaced plain numbers (80, 90, ... 140)."""
+    from matplotlib.ticker import LogFormatter, MaxNLocator, NullLocator, ScalarFormatter
+
+    low, high = ax.get_ylim()
+    if 0 < low and high / low < 10:
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=8))
+        ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
 def plot_runs(runs: list[RunMetrics], output: str | Path) -> Path:
     """Draw `runs` into one PNG at ``output`` (written under a temporary name, then renamed)."""
     import matplotlib
@@ -107,11 +121,8 @@ def plot_runs(runs: list[RunMetrics], output: str | Path) -> Path:
     rate_ax.set(title="training speed", xlabel="step", ylabel="tokens / s")
     rate_ax.set_ylim(bottom=0)
     time_ax.set_xlim(left=0)  # from the start of training: the first validation comes minutes in
-    from matplotlib.ticker import LogFormatter, ScalarFormatter
-
-    for ax in (ppl_ax, time_ax):  # perplexities as plain numbers (60, 70, 80), not 6x10^1
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    for ax in (ppl_ax, time_ax):
+        label_perplexity_axis(ax)
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

@@ -105,6 +105,26 @@ def test_plot_draws_several_runs_and_refuses_a_non_run(shards, tmp_path):
     assert r.exit_code == 1 and "no metrics.jsonl" in r.stderr
 
 
+def test_a_perplexity_axis_within_a_decade_is_labelled_across_its_range():
+    # a run falling from 142 to 77: a log axis alone would label 80, 90 and 100, and nothing above 100
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from elmo_cli.plot import label_perplexity_axis
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [142.4, 108.6, 77.0])
+    ax.set_yscale("log")
+    label_perplexity_axis(ax)
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    labelled = [float(t.get_text()) for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    plt.close(fig)
+    assert len(labelled) >= 5 and min(labelled) <= 80 and max(labelled) >= 130, labelled
+
+
 def test_version():
     r = runner.invoke(app, ["--version"])
     assert r.exit_code == 0 and r.stdout.startswith("elmo-cli ")
