@@ -91,8 +91,8 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "curve": [(round(v["elapsed"] / 60, 1), v["average_perplexity"]) for v in validations],
             "auto": next((ln for ln in done.stdout.splitlines() if ln.startswith("auto:")), None),
             "shape": f"{config['lstm']['dim']}/{config['lstm']['projection_dim']}",
-            "dtype": config["training"]["dtype"], "dropout": config["training"]["dropout"], "lr": config["training"]["lr"],
-            "rows": config["training"]["batch_size"],
+            "dtype": config["training"]["dtype"], "dropout": config["training"]["dropout"],
+            "lr": config["training"]["lr"], "rows": config["training"]["batch_size"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
             "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
@@ -143,10 +143,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             data = args.out / "data" / corpus
             for minutes, preset, rows, dropout, lr in itertools.product(args.minutes, args.preset, args.rows,
                                                                          args.dropout, args.lr):
-                asked = {"rows": rows, "dropout": dropout, "lr": lr}
-                cell = {"corpus": corpus, "preset": preset, "minutes": minutes,
-                        **{f"asked_{k}": v for k, v in asked.items()}}
-                if any(asked_key(r) == asked_key(cell) for r in done):
+                asked = dict(zip(ASKED, (rows, dropout, lr)))
+                if any(asked_key(r) == (corpus, preset, minutes, *asked.values()) for r in done):
                     continue
                 print(f"{corpus}: {info['train_tokens']:,} training tokens; {preset}, {minutes:g} min"
                       + "".join(f", {k} {v:g}" for k, v in asked.items() if v is not None) + " ...", flush=True)

@@ -120,7 +120,8 @@ def test_a_perplexity_axis_within_a_decade_is_labelled_across_its_range():
     label_perplexity_axis(ax)
     fig.canvas.draw()
     low, high = ax.get_ylim()
-    labelled = [float(t.get_text()) for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    labelled = [float(t.get_text()) for t in ax.get_yticklabels()
+                if t.get_text() and low <= t.get_position()[1] <= high]
     plt.close(fig)
     assert len(labelled) >= 5 and min(labelled) <= 80 and max(labelled) >= 130, labelled
 
