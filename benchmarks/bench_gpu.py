@@ -24,13 +24,17 @@
 
 Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine). Where there is one, the
 figures go to benchmarks/results/gpu-DATE.json with the GPU's name, driver, CUDA version, the torch build and the
-host's load. `--parts` runs some of them (reference train dump auto steps dump-scale).
+host's load. `--parts` runs some of them; they run in the order steps, dump-scale, dump, reference, auto, train
+(issue 39's targets first). `--budget SECONDS` leaves out the parts and rows not started by then, so that a run on
+a lent GPU ends, and saves what it measured, inside its lease (benchmarks/gpu_check.sh).
 
-    python -m benchmarks.bench_gpu [--parts steps dump-scale]
+    python -m benchmarks.bench_gpu [--parts steps dump-scale] [--budget 300]
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -82,9 +86,11 @@ def dump_rate(model_dir: Path, text: Path, out: Path, device: str, compute_dtype
     return result.tokens / (time.perf_counter() - t), result.tokens
 
 
-def auto_batch_rates(shards: Path, device: str = "cuda", rows=None, seconds: float = 5.0) -> list[dict]:
+def auto_batch_rates(shards: Path, device: str = "cuda", rows=None, seconds: float = 5.0,
+                     deadline: float = math.inf) -> list[dict]:
     """Training tokens/s of each `auto.LADDER` shape by batch rows (`auto.ROWS_LADDER`) and dtype, as
-    `--preset auto` probes them; 0 where the step did not fit in the GPU's memory."""
+    `--preset auto` probes them; 0 where the step did not fit in the GPU's memory. Those not started by
+    `deadline` (time.monotonic) are left out."""
     from elmo_cli.train import open_shards
 
     data = open_shards(shards)
@@ -94,6 +100,8 @@ def auto_batch_rates(shards: Path, device: str = "cuda", rows=None, seconds: flo
     for shape in auto.LADDER:
         for dtype in ("fp32", "bf16"):
             for batch in rows or auto.ROWS_LADDER:
+                if time.monotonic() > deadline:
+                    return out
                 config = auto._config(base, shape, dtype, negatives, torch.get_num_threads())
                 config = config.with_training(batch_size=batch, device=device)
                 out.append(dict(shape=shape.name, dtype=dtype, batch=batch, tokens_per_s=auto.probe_rate(config, data, seconds)))
@@ -111,7 +119,11 @@ def auto_choice(shards: Path, minutes: float = 15.0) -> dict:
 # Dense peak rates (FLOP/s) by GPU model, from NVIDIA's datasheets (H100 and H200 Tensor Core GPU datasheets, 2023-24:
 # the sparsity figures halved): (bf16 tensor cores, fp32 without tensor cores).
 PEAKS = {"H100 PCIe": (756e12, 51e12), "H100 NVL": (835e12, 60e12), "H100": (989e12, 67e12), "H200": (989e12, 67e12)}
-PARTS = ("reference", "train", "dump", "auto", "steps", "dump-scale")
+# In the order a run takes them: the step table and the dump at scale (issue 39's targets) first.
+PARTS = ("steps", "dump-scale", "dump", "reference", "auto", "train")
+# Seconds a part needs at least, so that none starts that would run far past --budget (the step table and the
+# shape-by-rows rates stop at the budget themselves; `auto`'s 15-minute choice probes up to 24 configurations).
+PART_SECONDS = {"dump-scale": 30, "dump": 45, "reference": 15, "auto": 150, "train": 90}
 
 
 def peak_rates(name: str) -> tuple[float, float] | None:
@@ -119,36 +131,58 @@ def peak_rates(name: str) -> tuple[float, float] | None:
     return next((rates for key, rates in PEAKS.items() if key in name), None)
 
 
-def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 128, 512), seconds: float = 3.0
-               ) -> list[dict]:
-    """Training tokens/s (and MFU where the GPU's peak is known) by preset, rows, dtype and step."""
+def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 128, 512), seconds: float = 3.0,
+               out: list | None = None, deadline: float = math.inf) -> list[dict]:
+    """Training tokens/s (and MFU where the GPU's peak is known) by preset, rows, dtype and step, appended to `out`
+    as measured; configurations not started by `deadline` (time.monotonic) are left out."""
     from elmo_cli.presets import load_config
     from elmo_cli.train import measure_throughput, open_shards
 
     data = open_shards(shards)
     peaks = peak_rates(torch.cuda.get_device_name())
-    out = []
+    out = [] if out is None else out
     for preset in presets:
         for dtype in ("fp32", "bf16"):
             for batch in rows:
                 for graphs in (False, True):
+                    if time.monotonic() > deadline:
+                        return out
                     cfg = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype,
                                                                   cuda_graphs=graphs)
+                    notes: list[str] = []
                     try:
-                        rate = measure_throughput(cfg, data, seconds)
+                        rate = measure_throughput(cfg, data, seconds, notes)
                     except torch.OutOfMemoryError:
                         rate = None
+                    gc.collect()  # the trainer and its captured graphs, before the next configuration's
                     torch.cuda.empty_cache()
                     flops = flops_per_token(cfg.model, cfg.training.n_negative_samples, len(data.vocab))
                     row = dict(preset=preset, dtype=dtype, batch=batch, step="graphs" if graphs else "eager",
                                tokens_per_s=None if rate is None else round(rate), flops_per_token=round(flops))
                     if peaks is not None and rate is not None:
                         row["mfu"] = round(rate * flops / peaks[0 if dtype == "bf16" else 1], 4)
+                    if graphs and not any("run as captured graphs" in n for n in notes):
+                        row["graphs_not_used"] = notes  # the fallback's note: this row is the eager step
                     out.append(row)
                     print(f"  {preset:8s} {dtype} {batch:4d} rows {row['step']:6s}: "
                           + ("out of memory" if rate is None else f"{rate:10,.0f} tokens/s"
-                             + (f"  MFU {row['mfu']:.1%}" if "mfu" in row else "")), flush=True)
+                             + (f"  MFU {row['mfu']:.1%}" if "mfu" in row else ""))
+                          + (f"  (graphs not used: {notes})" if "graphs_not_used" in row else ""), flush=True)
     return out
+
+
+def against_targets(figures: dict) -> list[str]:
+    """Issue 39's targets beside what this run measured (the CUDA-graph step where it ran)."""
+    def rate(preset: str, batch: int) -> str:
+        got = [r["tokens_per_s"] for r in figures.get("steps", []) if (r["preset"], r["batch"]) == (preset, batch)
+               and r["tokens_per_s"] is not None]
+        return f"{max(got):,} tokens/s (best of eager/graphs, fp32/bf16)" if got else "not measured"
+    scale = figures.get("dump_original_scale", {})
+    dump = max((v for k, v in scale.items() if k.startswith("dump_average")), default=None)
+    return [f"original, 128 rows: {rate('original', 128)}; target >= 150,000",
+            f"laptop, 32 rows: {rate('laptop', 32)}; target >= 30,000",
+            f"dump original --layers average --dtype float16: "
+            + (f"{dump:,} tokens/s" if dump else "not measured") + "; target >= 100,000"]
 
 
 def dump_scale(model_dir: Path, text: Path, work: Path) -> dict:
@@ -181,6 +215,8 @@ def dump_scale(model_dir: Path, text: Path, work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--budget", type=float, default=math.inf,
+                        help="seconds: parts and rows not started by then are left out (and listed as skipped)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: bench_gpu skipped")
@@ -188,78 +224,89 @@ def main() -> None:
     from vocab.shards import write_shards
     from vocab.vocabulary import build_vocab
 
+    deadline = time.monotonic() + args.budget
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"host CPU threads {torch.get_num_threads()}", flush=True)
-    parts = set(args.parts)
+    parts = [p for p in PARTS if p in args.parts]  # in PARTS' order: what issue 39 asks first, first
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp, \
             Recording("gpu", "python -m benchmarks.bench_gpu" + (f" --parts {' '.join(args.parts)}"
-                                                                 if parts != set(PARTS) else "")) as rec:
-        rec.figures = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
-        if "reference" in parts:
-            cpu = rec.figures["reference_cpu_fp32"] = reference_difference("cpu", "fp32")
-            for dtype in ("fp32", "bf16"):
-                diff = rec.figures[f"reference_cuda_{dtype}"] = reference_difference("cuda", dtype)
-                print(f"reference on cuda, {dtype}: largest difference from allennlp {diff:.2e} (CPU fp32 in this "
-                      f"run: {cpu:.2e})", flush=True)
+                                                                 if set(parts) != set(PARTS) else "")
+                      + (f" --budget {args.budget:g}" if math.isfinite(args.budget) else "")) as rec:
+        rec.figures = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+                       "peaks_bf16_fp32": peak_rates(torch.cuda.get_device_name())}
         work = Path(tmp)
         build_vocab([CORPUS], work / "vocab.txt")
         write_shards([CORPUS], work / "vocab.txt", work / "shards")
-        if "train" in parts:
-            for preset, warmup, measured in (("small", 10, 40), ("original", 5, 20)):
-                rates = {}
-                for dtype in ("fp32", "bf16"):
-                    r = run_preset(preset, work / "shards", work / f"{preset}-{dtype}", warmup=warmup,
-                                   measured=measured, device="cuda", dtype=dtype)
-                    rates[dtype] = r["tokens_per_s"]
-                rec.figures[f"train_{preset}"] = {"fp32_tokens_per_s": round(rates["fp32"]),
-                                                  "bf16_tokens_per_s": round(rates["bf16"]),
-                                                  "batch": PRESETS[preset].config.training.batch_size,
-                                                  "negatives": r["negatives"]}
-                print(f"train {preset:8s} on cuda: fp32 {rates['fp32']:9,.0f} tokens/s | bf16 {rates['bf16']:9,.0f} "
-                      f"tokens/s | bf16/fp32 {rates['bf16'] / rates['fp32']:.2f}x (batch "
-                      f"{PRESETS[preset].config.training.batch_size}, {r['negatives']} negatives)", flush=True)
         torch.manual_seed(0)
         save_model_dir(BiLM(PRESETS["original"].config.model).eval(), work / "model")
         lines = [l for l in HELDOUT.read_text("utf-8").splitlines() if l.strip()]
         text = work / "input.txt"
         text.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        if "dump" in parts:
-            cpu_rate, n = dump_rate(work / "model", text, work / "cpu.hdf5", "cpu", "fp32")
-            rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
-                     for dtype in ("fp32", "bf16")}
-            diff = max_diff(work / "cpu.hdf5", work / "cuda-fp32.hdf5")
-            rec.figures["dump_original"] = {"tokens": n, "cuda_fp32_tokens_per_s": round(rates["fp32"]),
-                                            "cuda_bf16_tokens_per_s": round(rates["bf16"]),
-                                            "cpu_fp32_tokens_per_s": round(cpu_rate),
-                                            "cpu_threads": torch.get_num_threads(),
-                                            "cuda_over_cpu": round(rates["fp32"] / cpu_rate, 2),
-                                            "largest_cuda_cpu_difference": diff}
-            print(f"dump original, {len(lines):,} lines, {n:,} tokens: cuda fp32 {rates['fp32']:9,.0f} tokens/s | "
-                  f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
-                  f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU "
-                  f"difference {diff:.1e}", flush=True)
-        if "dump-scale" in parts:
-            scale = rec.figures["dump_original_scale"] = dump_scale(work / "model", text, work)
-            print("dump original at scale, --layers average --dtype float16: " + " | ".join(
-                f"{k}: {v:,}" for k, v in scale.items()), flush=True)
-        if "auto" in parts:
-            rates = auto_batch_rates(work / "shards")
-            rec.figures["auto_batch_rates"] = [dict(r, tokens_per_s=round(r["tokens_per_s"])) for r in rates]
-            print("auto's shapes on cuda, tokens/s by batch rows: " + " | ".join(
-                f"{r['shape']} {r['dtype']} {r['batch']}: {r['tokens_per_s']:,.0f}" for r in rates), flush=True)
-            for a, b in zip(rates, rates[1:]):
-                if (a["shape"], a["dtype"]) == (b["shape"], b["dtype"]) and a["tokens_per_s"]:
-                    gain = b["tokens_per_s"] / a["tokens_per_s"]
-                    print(f"  {a['shape']} {a['dtype']}: {a['batch']} -> {b['batch']} rows {gain:.2f}x "
-                          f"({'kept' if gain >= auto.ROWS_GAIN else 'not kept'} by auto's {auto.ROWS_GAIN:g}x)",
-                          flush=True)
-            choice = rec.figures["auto_choice_15m"] = auto_choice(work / "shards")
-            print(f"--preset auto --max-time 15m here ({choice['probe_seconds']} s of probes): {choice['line']}",
-                  flush=True)
-        if "steps" in parts:
-            print("training steps by preset, dtype and rows, eager and CUDA graphs:", flush=True)
-            rec.figures["steps"] = step_table(work / "shards")
-            rec.figures["peaks_bf16_fp32"] = peak_rates(torch.cuda.get_device_name())
+        for part in parts:
+            if time.monotonic() + PART_SECONDS.get(part, 0) > deadline:
+                rec.figures.setdefault("skipped", []).append(part)
+                print(f"{part}: skipped (it would not end within --budget)", flush=True)
+                continue
+            run_part(part, rec.figures, work, text, len(lines), deadline)
+        for line in against_targets(rec.figures):
+            print(line, flush=True)
+
+
+def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, deadline: float) -> None:
+    """One of `PARTS`, its figures put into `figures` (see the module's docstring)."""
+    if part == "steps":
+        print("training steps by preset, dtype and rows, eager and CUDA graphs:", flush=True)
+        step_table(work / "shards", out=figures.setdefault("steps", []), deadline=deadline)
+    elif part == "dump-scale":
+        scale = figures["dump_original_scale"] = dump_scale(work / "model", text, work)
+        print("dump original at scale, --layers average --dtype float16: " + " | ".join(
+            f"{k}: {v:,}" for k, v in scale.items()), flush=True)
+    elif part == "dump":
+        cpu_rate, n = dump_rate(work / "model", text, work / "cpu.hdf5", "cpu", "fp32")
+        rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
+                 for dtype in ("fp32", "bf16")}
+        diff = max_diff(work / "cpu.hdf5", work / "cuda-fp32.hdf5")
+        figures["dump_original"] = {"tokens": n, "cuda_fp32_tokens_per_s": round(rates["fp32"]),
+                                    "cuda_bf16_tokens_per_s": round(rates["bf16"]),
+                                    "cpu_fp32_tokens_per_s": round(cpu_rate), "cpu_threads": torch.get_num_threads(),
+                                    "cuda_over_cpu": round(rates["fp32"] / cpu_rate, 2),
+                                    "largest_cuda_cpu_difference": diff}
+        print(f"dump original, {n_lines:,} lines, {n:,} tokens: cuda fp32 {rates['fp32']:9,.0f} tokens/s | "
+              f"cuda bf16 {rates['bf16']:9,.0f} | host CPU fp32 ({torch.get_num_threads()} threads) "
+              f"{cpu_rate:7,.0f} | cuda fp32 / CPU {rates['fp32'] / cpu_rate:.1f}x | largest cuda-CPU "
+              f"difference {diff:.1e}", flush=True)
+    elif part == "reference":
+        cpu = figures["reference_cpu_fp32"] = reference_difference("cpu", "fp32")
+        for dtype in ("fp32", "bf16"):
+            diff = figures[f"reference_cuda_{dtype}"] = reference_difference("cuda", dtype)
+            print(f"reference on cuda, {dtype}: largest difference from allennlp {diff:.2e} (CPU fp32 in this "
+                  f"run: {cpu:.2e})", flush=True)
+    elif part == "auto":
+        choice = figures["auto_choice_15m"] = auto_choice(work / "shards")
+        print(f"--preset auto --max-time 15m here ({choice['probe_seconds']} s of probes): {choice['line']}",
+              flush=True)
+        rates = auto_batch_rates(work / "shards", deadline=deadline)
+        figures["auto_batch_rates"] = [dict(r, tokens_per_s=round(r["tokens_per_s"])) for r in rates]
+        for a, b in zip(rates, rates[1:]):
+            if (a["shape"], a["dtype"]) == (b["shape"], b["dtype"]) and a["tokens_per_s"]:
+                gain = b["tokens_per_s"] / a["tokens_per_s"]
+                print(f"  {a['shape']} {a['dtype']}: {a['batch']} -> {b['batch']} rows {gain:.2f}x "
+                      f"({'kept' if gain >= auto.ROWS_GAIN else 'not kept'} by auto's {auto.ROWS_GAIN:g}x)",
+                      flush=True)
+    elif part == "train":
+        for preset, warmup, measured in (("small", 10, 40), ("original", 5, 20)):
+            rates = {}
+            for dtype in ("fp32", "bf16"):
+                r = run_preset(preset, work / "shards", work / f"{preset}-{dtype}", warmup=warmup,
+                               measured=measured, device="cuda", dtype=dtype)
+                rates[dtype] = r["tokens_per_s"]
+            figures[f"train_{preset}"] = {"fp32_tokens_per_s": round(rates["fp32"]),
+                                          "bf16_tokens_per_s": round(rates["bf16"]),
+                                          "batch": PRESETS[preset].config.training.batch_size,
+                                          "negatives": r["negatives"]}
+            print(f"train {preset:8s} on cuda: fp32 {rates['fp32']:9,.0f} tokens/s | bf16 {rates['bf16']:9,.0f} "
+                  f"tokens/s | bf16/fp32 {rates['bf16'] / rates['fp32']:.2f}x (batch "
+                  f"{PRESETS[preset].config.training.batch_size}, {r['negatives']} negatives)", flush=True)
 
 
 if __name__ == "__main__":

@@ -900,10 +900,12 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                        train_tokens=tr.dataset.total_tokens)
 
 
-def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float) -> float:
+def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float, notes: list[str] | None = None
+                       ) -> float:
     """Training tokens per second (per direction) of `config` on `dataset` in this process, on its device and
     threads: a fresh model, two warm-up steps, then real training steps for about `seconds` (at least three).
-    Writes nothing; the global RNGs are reseeded by the run that follows, as every run reseeds them."""
+    Writes nothing; the global RNGs are reseeded by the run that follows, as every run reseeds them. `notes`, if
+    given, receives what the steps said (on a GPU: that the CUDA graphs started, or why they fell back)."""
     with _training_process(config.training.threads):
         probe = _Trainer.bare(config, dataset)
         probe.state.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
@@ -915,7 +917,10 @@ def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float)
             tokens += probe.step()[3]
             steps += 1
         _synchronize(probe.device)
-        return tokens / (time.monotonic() - start)
+        rate = tokens / (time.monotonic() - start)
+        if notes is not None:
+            notes.extend(probe.state.notes)
+        return rate
 
 
 def _synchronize(device: torch.device) -> None:
