@@ -8,10 +8,10 @@
    metrics.jsonl interval, as `bench_train`).
 3. Dump: `dump_embeddings` of examples/austen_heldout.txt (864 lines, 21,064 tokens) with random weights in the
    `original` shape, fp32 and bf16, tokens/s; the same input on the host's CPU in fp32 in this run for the ratio.
-4. `--preset auto`'s shapes by batch rows: the probe `auto` runs (`train.measure_throughput`, 5 s after two warm-up
-   steps) for each shape of `auto.LADDER` at each rung of `auto.ROWS_LADDER` (32 to 1,024 rows), fp32 and bf16,
-   with each doubling's gain beside the 1.8x that `auto` asks of it; then the line `--preset auto --max-time 15m`
-   prints on these shards, its own probes and choice (docs/auto.md, "On a GPU").
+4. `--preset auto` on the GPU: the line `--preset auto --max-time 15m` prints on these shards, its own probes and
+   choice (docs/auto.md, "On a GPU"); then the probe `auto` runs (`train.measure_throughput`, 3 s after two
+   warm-up steps) for each shape of `auto.LADDER` at each rung of `auto.ROWS_LADDER` (32 to 1,024 rows), fp32 and
+   bf16, with each doubling's gain beside the 1.8x that `auto` asks of it.
 
 5. Steps (issue 39's table): tokens/s of `laptop`, `small` and `original` at 32, 128 and 512 rows, fp32 and bf16,
    the eager step beside the CUDA-graph step (`--no-cuda-graphs` / the default), each as `--preset auto`'s probe
@@ -20,7 +20,8 @@
    plain fp32, since torch leaves TF32 off, for fp32).
 6. The dump at scale: `original` with `--layers average --dtype float16` on examples/austen_heldout.txt eight times
    over (168,512 tokens) at 64 and 512 rows a batch, beside the same sentences through `Embedder` without HDF5
-   (what the writer and the host cost).
+   (what the writer and the host cost), and a host profile of the 512-row dump (cProfile: the functions with the
+   most own time).
 
 Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine). Where there is one, the
 figures go to benchmarks/results/gpu-DATE.json with the GPU's name, driver, CUDA version, the torch build and the
@@ -122,8 +123,8 @@ PEAKS = {"H100 PCIe": (756e12, 51e12), "H100 NVL": (835e12, 60e12), "H100": (989
 # In the order a run takes them: the step table and the dump at scale (issue 39's targets) first.
 PARTS = ("steps", "dump-scale", "dump", "reference", "auto", "train")
 # Seconds a part needs at least, so that none starts that would run far past --budget (the step table and the
-# shape-by-rows rates stop at the budget themselves; `auto`'s 15-minute choice probes up to 24 configurations).
-PART_SECONDS = {"dump-scale": 30, "dump": 45, "reference": 15, "auto": 150, "train": 90}
+# shape-by-rows rates stop at the budget themselves; `auto`'s 15-minute choice took 20 s of probes on an H200).
+PART_SECONDS = {"dump-scale": 40, "dump": 45, "reference": 15, "auto": 60, "train": 90}
 
 
 def peak_rates(name: str) -> tuple[float, float] | None:
@@ -185,6 +186,23 @@ def against_targets(figures: dict) -> list[str]:
             + (f"{dump:,} tokens/s" if dump else "not measured") + "; target >= 100,000"]
 
 
+def host_profile(run, top: int = 12) -> list[list]:
+    """Where the host's time goes in `run()` (cProfile; the GPU's work shows as time in the calls that wait for
+    it): the `top` functions by their own time, ``[function, own seconds, calls]``, and the total as the first."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    run()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(((f"{Path(file).name}:{line}({name})", tt, calls) for (file, line, name), (_, calls, tt, _, _)
+                   in stats.stats.items()), key=lambda r: -r[1])
+    return [["total", round(stats.total_tt, 3), 0]] + [[n, round(t, 3), c] for n, t, c in rows[:top]]
+
+
 def dump_scale(model_dir: Path, text: Path, work: Path) -> dict:
     """The dump at scale on the GPU: `--layers average --dtype float16` at 64 and 512 rows, and the embedding alone."""
     lines = text.read_text("utf-8").splitlines() * 8
@@ -201,6 +219,8 @@ def dump_scale(model_dir: Path, text: Path, work: Path) -> dict:
                                  batch_size=batch, force=True)
         torch.cuda.synchronize()
         out[f"dump_average_float16_batch{batch}_tokens_per_s"] = round(result.tokens / (time.perf_counter() - t))
+    out["profile_dump_batch512"] = host_profile(lambda: dump_embeddings(
+        loaded, big, work / "big.hdf5", layers="average", dtype="float16", batch_size=512, force=True))
     emb = Embedder(model_dir=model_dir, device="cuda")
     sentences = [l.split() for l in lines]
     emb.embed_sentences(sentences[:512])
@@ -248,6 +268,7 @@ def main() -> None:
                 print(f"{part}: skipped (it would not end within --budget)", flush=True)
                 continue
             run_part(part, rec.figures, work, text, len(lines), deadline)
+            rec.save()  # a run cut short (a lease's end) keeps the parts it finished
         for line in against_targets(rec.figures):
             print(line, flush=True)
 
@@ -260,7 +281,9 @@ def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, dea
     elif part == "dump-scale":
         scale = figures["dump_original_scale"] = dump_scale(work / "model", text, work)
         print("dump original at scale, --layers average --dtype float16: " + " | ".join(
-            f"{k}: {v:,}" for k, v in scale.items()), flush=True)
+            f"{k}: {v:,}" for k, v in scale.items() if not k.startswith("profile")), flush=True)
+        print("  host profile of the 512-row dump (own seconds, calls): " + " | ".join(
+            f"{n} {t:.2f} s {c:,}" for n, t, c in scale["profile_dump_batch512"]), flush=True)
     elif part == "dump":
         cpu_rate, n = dump_rate(work / "model", text, work / "cpu.hdf5", "cpu", "fp32")
         rates = {dtype: dump_rate(work / "model", text, work / f"cuda-{dtype}.hdf5", "cuda", dtype)[0]
@@ -285,7 +308,7 @@ def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, dea
         choice = figures["auto_choice_15m"] = auto_choice(work / "shards")
         print(f"--preset auto --max-time 15m here ({choice['probe_seconds']} s of probes): {choice['line']}",
               flush=True)
-        rates = auto_batch_rates(work / "shards", deadline=deadline)
+        rates = auto_batch_rates(work / "shards", seconds=3.0, deadline=deadline)
         figures["auto_batch_rates"] = [dict(r, tokens_per_s=round(r["tokens_per_s"])) for r in rates]
         for a, b in zip(rates, rates[1:]):
             if (a["shape"], a["dtype"]) == (b["shape"], b["dtype"]) and a["tokens_per_s"]:

@@ -175,8 +175,12 @@ class Recording:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        if kind is not None:
-            return
+        if kind is None:
+            self.save()
+
+    def save(self) -> None:
+        """Write the record as it stands (on exit; a long benchmark may also save after each part, so that a run
+        cut short keeps what it measured)."""
         record = {"benchmark": self.name, "command": self.command, "commit": commit(),
                   "date": time.strftime("%Y-%m-%d", time.localtime(self.started)),
                   "seconds": round(time.time() - self.started, 1), "machine": machine(self.threads),
@@ -188,4 +192,4 @@ class Recording:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         tmp.replace(self.path)
-        print(f"results: {self.path.relative_to(RESULTS_DIR.parent.parent)}")
+        print(f"results: {self.path.relative_to(RESULTS_DIR.parent.parent)}", flush=True)

@@ -18,6 +18,7 @@ resumed replays the same masks as one that was not.
 """
 from __future__ import annotations
 
+import gc
 from typing import Callable
 
 import torch
@@ -65,6 +66,20 @@ class _FlatStacks(nn.Module):
         return (f_top, b_top, *_flatten(new))
 
 
+def _end_failed_capture(device: torch.device) -> None:
+    """Leave the CUDA generator as a failed capture found it. A capture that fails leaves torch's generator in
+    capture mode, and every later random draw outside a capture, the eager step's dropout, then fails ("Offset
+    increment outside graph capture encountered unexpectedly", torch 2.11). A small capture that draws from the
+    generator and completes takes it out of that mode; the graph is never replayed, so no draw is used up."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch.rand(1, device=device)
+        del graph
+    except Exception:  # noqa: BLE001 - nothing more to do: the eager step's own error will name it
+        pass
+
+
 class GraphedStacks:
     """`BiLM.lm_stacks` (its arguments, its results) replayed from CUDA graphs captured on the given tensors.
 
@@ -86,8 +101,21 @@ class GraphedStacks:
                   *([starts.clone()] if starts is not None else []), *(t.detach().clone() for t in _flatten(states)))
         device = fwd_x.device
         rng = torch.cuda.get_rng_state(device)
-        self._replay = torch.cuda.make_graphed_callables(module, sample, num_warmup_iters=warmup)
-        torch.cuda.set_rng_state(rng, device)  # the warm-up's dropout draws are not the run's
+        # Garbage collected during a capture can hold an earlier run's graphs (a trainer is a reference cycle);
+        # destroying a graph while another is captured invalidates the capture (seen on an H200, torch 2.11, in
+        # `--preset auto`'s probes one after another). So: collect first, and not at all while capturing.
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._replay = torch.cuda.make_graphed_callables(module, sample, num_warmup_iters=warmup)
+        except Exception:
+            _end_failed_capture(device)
+            raise
+        finally:
+            if collecting:
+                gc.enable()
+            torch.cuda.set_rng_state(rng, device)  # the warm-up's dropout draws are not the run's
 
     def __call__(self, fwd_x: torch.Tensor, bwd_x: torch.Tensor, states: tuple, starts: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[State], list[State]]]:

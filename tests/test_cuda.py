@@ -157,7 +157,32 @@ def test_cuda_graph_steps_give_the_eager_losses_and_resume_exactly(shards, tmp_p
     assert any("captured graphs" in n for n in bf16.notes) and all(math.isfinite(v) for v in b.values())
 
 
-def test_a_batch_that_does_not_fit_names_the_rows_that_do(shards, tmp_path):
+def test_a_capture_that_fails_leaves_the_eager_step_running_with_the_same_losses(shards, tmp_path, monkeypatch):
+    """A capture made to fail (a device synchronisation inside it, which a capture does not allow): one note, and
+    the eager step goes on with dropout's draws where a `--no-cuda-graphs` run has them, so the same losses over 8
+    steps (within 1e-5). A failed capture leaves torch's CUDA generator in capture mode; without `graphed`'s
+    repair the next dropout fails."""
+    from elmo_cli.model.bilm import BiLM
+
+    _, train_dir, _ = shards
+    eager, e = _losses(tiny_config(max_steps=8, device="cuda", dropout=0.2, cuda_graphs=False), train_dir,
+                       tmp_path / "e")
+    plain = BiLM.lm_stacks
+
+    def synchronising(self, *args, **kwargs):
+        out = plain(self, *args, **kwargs)
+        if torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()  # not permitted while capturing: the capture fails
+        return out
+
+    monkeypatch.setattr(BiLM, "lm_stacks", synchronising)
+    failed, f = _losses(tiny_config(max_steps=8, device="cuda", dropout=0.2), train_dir, tmp_path / "f")
+    notes = [n for n in failed.notes if "CUDA graphs" in n]
+    assert len(notes) == 1 and notes[0].startswith("step 2: CUDA graphs: ") and "eager step continues" in notes[0]
+    assert list(f) == list(e) == list(range(1, 9)) and max(abs(f[k] - e[k]) for k in f) <= 1e-5
+
+
+def test_a_batch_that_does_not_fit_names_the_rows_that_do(tmp_path):
     """With the GPU's memory capped (`set_per_process_memory_fraction`) at what 256 rows of the tiny model need
     three times over, 4,096 rows stop before anything is written, with one line naming rows that do fit."""
     from elmo_cli import train as training
@@ -165,7 +190,7 @@ def test_a_batch_that_does_not_fit_names_the_rows_that_do(shards, tmp_path):
     from elmo_cli.train import _TrainState, fit_to_data, open_shards
     from vocab.errors import ElmoError
 
-    _, train_dir, _ = shards
+    _, train_dir, _ = make_shards(tmp_path / "corpus", n_train=4_500, n_valid=10)  # enough sentences for 4,096 rows
     data = open_shards(train_dir)
     config = fit_to_data(tiny_config(device="cuda", unroll_steps=20), data)
     device = torch.device("cuda", 0)
