@@ -39,16 +39,17 @@ def cpu_model() -> str:
 
 
 def commit() -> str:
-    """The checkout's short commit, with ``+changes`` when the tree differs from it; in a copy without git, the
-    one ``$ELMO_BENCH_COMMIT`` names (benchmarks/gpu_check.sh sets it)."""
+    """The checkout's short commit, with ``+changes`` when the tree differs from it; ``$ELMO_BENCH_COMMIT`` where
+    it is set (a copy of the tree on another machine, whose .git, if any, need not be the tree's: on the GPU
+    machine the copy's git named the session's first commit, with changes)."""
+    if os.environ.get("ELMO_BENCH_COMMIT"):
+        return os.environ["ELMO_BENCH_COMMIT"]
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, cwd=RESULTS_DIR.parent).stdout
         except OSError:
             return ""
     head = git("rev-parse", "--short", "HEAD").strip()
-    if not head:  # a copy of the tree without .git (a GPU machine's): the commit the copy was made from, if given
-        return os.environ.get("ELMO_BENCH_COMMIT", "")
     return head + ("+changes" if head and git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
 

@@ -23,10 +23,11 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    32 (64 and 128 rows train a fifth and a half faster on 2 CPU threads, and lost at equal time), 20-token
    windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). A
    `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
-7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`) while
-   a doubling buys at least `ROWS_GAIN` times the tokens/s and the rows kept do not yet reach the pass cap in the
-   budget (past it more rows only end the run sooner, with fewer updates), and bf16 is tried at the rows kept:
-   there a step at 32 rows waits on kernel launches, not arithmetic. Not yet measured on a GPU with a saved result.
+7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`), in
+   bf16, while a doubling buys at least `ROWS_GAIN` times the tokens/s and the rows kept do not yet reach the pass
+   cap in the budget (past it more rows only end the run sooner, with fewer updates); fp32 is then probed at the
+   rows kept and taken unless bf16 is `BF16_GAIN` times faster. There a step at 32 rows waits on kernel launches,
+   not arithmetic, and bf16's doublings kept paying after fp32's stopped (an H200: docs/auto.md, "On a GPU").
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
@@ -59,10 +60,12 @@ EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape a
 DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
 DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes; Adam below
 WEIGHT_DECAY = 0.2
-# Rule 7 (a GPU's rows): at ROWS_GAIN the updates a second fall by a tenth at most while each sees twice the text; on
-# 2 CPU threads a doubling bought 1.19x and lost at equal time (docs/auto.md), so a CPU keeps the recipe's 32.
+# Rule 7 (a GPU's rows): a doubling that buys ROWS_GAIN more text a second at a quarter fewer updates. At equal time
+# on the CPU (docs/auto.md, "Batch rows at equal time"), 64 rows' text was worth 0.79 of 32 rows' (break-even at
+# 1.27x) and 128 rows' 0.47 (1.46x a doubling), read off 32 rows' own curve, after under 3,000 updates, where larger
+# batches cost the most. 2 CPU threads buy 1.19x a doubling, so a CPU keeps the recipe's 32.
 ROWS_LADDER = (32, 64, 128, 256, 512, 1024)
-ROWS_GAIN = 1.8
+ROWS_GAIN = 1.5
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
 PROBE_SECONDS = (1.0, 6.0)
 
@@ -176,24 +179,27 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
 
     def fastest(shape: Shape) -> tuple[str, float, int]:
         """(dtype, tokens/s, rows): fp32, or bf16 where it is native and at least BF16_GAIN times faster; on a GPU
-        the rows doubled in fp32 while each doubling buys ROWS_GAIN, and bf16 tried at the rows kept."""
+        the rows doubled in bf16 while each doubling buys ROWS_GAIN, and fp32 probed at the rows kept."""
         rows = base.training.batch_size
-        best = ("fp32", rate_of(shape, "fp32", rows), rows)
+        climb = "bf16" if rows_ladder and bf16_native else "fp32"  # the dtype the rows ladder is climbed in
+        best = (climb, rate_of(shape, climb, rows), rows)
         if rows_ladder and best[1] > 0:
             for more in (r for r in ROWS_LADDER if r > rows and 4 * r <= facts.train_sentences):
                 if best[1] * budget / facts.train_tokens >= cap:  # more rows would only end it sooner
                     stopped[shape.name] = f"{best[2]:,} rows already reach the {cap:g}-pass cap"
                     break
-                rate = rate_of(shape, "fp32", more)
+                rate = rate_of(shape, climb, more)
                 if rate < ROWS_GAIN * best[1]:
                     stopped[shape.name] = (f"{more:,} rows would buy {rate / best[1]:.2f}x (< {ROWS_GAIN:g}x)"
                                            if rate else f"{more:,} rows do not fit in its memory")
                     break
-                best = ("fp32", rate, more)
+                best = (climb, rate, more)
         if bf16_native and best[1] > 0:
-            rate = rate_of(shape, "bf16", best[2])
-            if rate >= BF16_GAIN * best[1]:
-                best = ("bf16", rate, best[2])
+            other = "fp32" if climb == "bf16" else "bf16"
+            rate = rate_of(shape, other, best[2])
+            fp32, bf16 = (rate, best[1]) if other == "fp32" else (best[1], rate)
+            dtype = "bf16" if bf16 >= BF16_GAIN * fp32 else "fp32"
+            best = (dtype, bf16 if dtype == "bf16" else fp32, best[2])
         return best
 
     chosen: tuple[Shape, str, float, int] | None = None

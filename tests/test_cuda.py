@@ -218,8 +218,9 @@ def test_a_batch_that_does_not_fit_names_the_rows_that_do(tmp_path):
 
 
 def test_auto_on_the_gpu_doubles_its_rows_past_the_cpus_32(tmp_path):
-    """`--preset auto --max-time` on CUDA probes each shape at doubling rows and keeps those a doubling paid 1.8x
-    for: a step of 32 rows leaves a GPU waiting on launches, so at least one doubling pays (docs/auto.md). About
+    """`--preset auto --max-time` on CUDA probes each shape at doubling rows and keeps those a doubling paid 1.5x
+    for: a step of 32 rows leaves a GPU waiting on launches, so at least one doubling pays (docs/auto.md; on an
+    H200 the first doubling bought 1.65-1.70x; under the former 1.8x bound this test failed there). About
     0.3M tokens and a minute's budget, so that no rung reaches the pass cap (about 18 passes) before the rows stop paying."""
     import re
 
