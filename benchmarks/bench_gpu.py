@@ -11,7 +11,7 @@
 4. `--preset auto` on the GPU: the line `--preset auto --max-time 15m` prints on these shards, its own probes and
    choice (docs/auto.md, "On a GPU"); then the probe `auto` runs (`train.measure_throughput`, 3 s after two
    warm-up steps) for each shape of `auto.LADDER` at each rung of `auto.ROWS_LADDER` (32 to 1,024 rows), fp32 and
-   bf16, with each doubling's gain beside the 1.8x that `auto` asks of it.
+   bf16, with each doubling's gain beside the `auto.ROWS_GAIN` that `auto` asks of it.
 
 5. Steps (issue 39's table): tokens/s of `laptop`, `small` and `original` at 32, 128 and 512 rows, fp32 and bf16,
    the eager step beside the CUDA-graph step (`--no-cuda-graphs` / the default), each as `--preset auto`'s probe

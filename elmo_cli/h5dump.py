@@ -92,22 +92,43 @@ def open_partial(path: Path, settings: dict, resume: bool) -> tuple[h5py.File, i
     return f, 0
 
 
+def _plain_line_lists() -> tuple[h5py.h5p.PropDCID, h5py.h5p.PropLCID]:
+    """The creation property lists h5py's ``create_dataset`` gives an uncompressed dataset (no timestamps, no
+    attribute order; an ASCII link name, as h5py gives a name in ASCII such as a line's number), so a line made
+    through the low-level API is the same bytes on disk."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_obj_track_times(False)
+    dcpl.set_attr_creation_order(0)
+    lcpl = h5py.h5p.create(h5py.h5p.LINK_CREATE)
+    lcpl.set_create_intermediate_group(True)
+    lcpl.set_char_encoding(h5py.h5t.CSET_ASCII)
+    return dcpl, lcpl
+
+
+_PLAIN = _plain_line_lists()
+_FILE_TYPES = {name: h5py.h5t.py_create(np.dtype(t), logical=True) for name, t in DTYPES.items()}
+
+
 def create_line_dataset(f: h5py.Group, index: int, shape: tuple[int, ...], dtype: str = "float32",
                         compression: str = "none") -> h5py.Dataset:
     """One line's dataset, key ``str(index)``, filled later; empty ones are never compressed (HDF5 cannot chunk
-    a zero-size dataset)."""
-    kwargs = {}
+    a zero-size dataset). An uncompressed one is made through h5py's low-level API, a third faster per line than
+    ``create_dataset`` (`benchmarks.bench_writer`), the same bytes on disk."""
     if compression != "none" and all(shape):
-        kwargs = {"compression": compression, "shuffle": True}
-    return f.create_dataset(str(index), shape=shape, dtype=DTYPES[dtype], **kwargs)
+        return f.create_dataset(str(index), shape=shape, dtype=DTYPES[dtype], compression=compression, shuffle=True)
+    dcpl, lcpl = _PLAIN
+    return h5py.Dataset(h5py.h5d.create(f.id, str(index).encode(), _FILE_TYPES[dtype], h5py.h5s.create_simple(shape),
+                                        dcpl=dcpl, lcpl=lcpl))
 
 
 def write_line(f: h5py.Group, index: int, data: np.ndarray) -> None:
-    """Fill line `index`'s dataset (made by `create_line_dataset`, same shape) with `data`, converting to the
-    file's dtype. Through h5py's low-level API: a third of the time per line of ``f[key][...] = data``."""
-    data = np.ascontiguousarray(data)
+    """Fill line `index`'s dataset (made by `create_line_dataset`, same shape) with `data`, converted to the
+    file's dtype by numpy first: HDF5's own float32-to-float16 conversion took most of a float16 line's time.
+    Through h5py's low-level API: a third of the time per line of ``f[key][...] = data``."""
+    dataset = h5py.h5d.open(f.id, str(index).encode())
+    data = np.ascontiguousarray(data, dtype=dataset.dtype)
     # An explicit memory space makes HDF5 check that the shapes agree (h5s.ALL would trust the buffer).
-    h5py.h5d.open(f.id, str(index).encode()).write(h5py.h5s.create_simple(data.shape), h5py.h5s.ALL, data)
+    dataset.write(h5py.h5s.create_simple(data.shape), h5py.h5s.ALL, data)
 
 
 def line_group(f: h5py.File, sentence_keys: bool) -> h5py.Group:

@@ -73,3 +73,26 @@ def test_write_line_converts_dtype_and_refuses_a_wrong_shape(tmp_path):
         np.testing.assert_array_equal(f["3"][...], x.astype(np.float16))
         with pytest.raises(OSError, match="different number of elements"):
             h5dump.write_line(f, 3, np.zeros((2, 3, 6), np.float32))
+
+
+def test_a_line_is_the_bytes_h5pys_create_dataset_and_hdf5s_own_conversion_write(tmp_path):
+    """The dump's fast writer (low-level creation, torch's float16 cast: `dump.to_file_dtype`) writes, byte for byte,
+    the file that h5py's ``create_dataset`` filled through HDF5's own conversion writes: the same layout, link names
+    and rounding, empty lines included."""
+    from elmo_cli.dump import to_file_dtype
+
+    rng = np.random.default_rng(1)
+    lines = [rng.standard_normal((3, n, 8), dtype=np.float32) * 300 for n in (4, 0, 7, 1)]
+    for dtype in ("float32", "float16"):
+        made, fast = tmp_path / f"h5py-{dtype}.hdf5", tmp_path / f"fast-{dtype}.hdf5"  # names of one length
+        with h5py.File(made, "w", track_order=True) as f:
+            for i, x in enumerate(lines):
+                f.create_dataset(str(i), shape=x.shape, dtype=h5dump.DTYPES[dtype])
+            for i, x in enumerate(lines):
+                f[str(i)][...] = x
+        with h5py.File(fast, "w", track_order=True) as f:
+            for i, x in enumerate(lines):
+                h5dump.create_line_dataset(f, i, x.shape, dtype)
+            for i, x in enumerate(lines):
+                h5dump.write_line(f, i, to_file_dtype(x, dtype))
+        assert made.read_bytes() == fast.read_bytes(), dtype
