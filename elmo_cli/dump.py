@@ -158,8 +158,8 @@ def _check_arguments(input_path: Path, output: Path, select: LayerSelection, n_l
 
 
 def to_file_dtype(line: np.ndarray, dtype: str) -> np.ndarray:
-    """A line's float32 vectors in the file's dtype (``--dtype``): converted by torch, whose float16 cast is
-    vectorised (5x numpy's on a Zen 1 core, the same bits: round to nearest even); as they are for float32."""
+    """A line's float32 vectors in the file's dtype (``--dtype``): cast by torch, the same bits as numpy's or HDF5's
+    cast (round to nearest even) in less time (`benchmarks.bench_writer`); as they are for float32."""
     if line.dtype == h5dump.DTYPES[dtype]:
         return line
     return torch.from_numpy(line).to(_TORCH_DTYPES[dtype]).numpy()
