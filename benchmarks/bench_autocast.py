@@ -12,14 +12,12 @@ Results: benchmarks/results/autocast-DATE.json with the machine and load.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from benchmarks.corpora import CORPORA, prepare
+from benchmarks.corpora import prepare, probe_arguments
 from benchmarks.results import Recording
 from elmo_cli import auto, machine
 from elmo_cli.model import lstm
@@ -29,12 +27,7 @@ VARIANTS = ("bf16, cast once a window", "bf16, cast every step", "fp32")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", default="austen", choices=CORPORA)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
+    parser = probe_arguments(__doc__.split("\n")[0], seconds=10.0, repeats=3)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     prepare(args.corpus, args.out / args.corpus)

@@ -15,7 +15,6 @@ kernels round differently). Needs a C++ compiler (Inductor's). Results: benchmar
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.corpora import CORPORA, prepare
+from benchmarks.corpora import prepare, probe_arguments
 from benchmarks.results import Recording
 from elmo_cli import auto
 from elmo_cli.model import lstm
@@ -52,12 +51,7 @@ def losses(config, train_dir: Path, compiled: bool, steps: int = 10) -> list[flo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", default="austen", choices=CORPORA)
-    parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
+    parser = probe_arguments(__doc__.split("\n")[0], seconds=15.0, repeats=2)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     prepare(args.corpus, args.out / args.corpus)

@@ -15,27 +15,20 @@ makes a short probe fragile.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from benchmarks.corpora import CORPORA, prepare
+from benchmarks.corpora import prepare, probe_arguments
 from benchmarks.results import Recording
 from elmo_cli import auto, machine
 from elmo_cli.train import measure_throughput, open_shards
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", default="austen", choices=CORPORA)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = probe_arguments(__doc__.split("\n")[0], seconds=20.0, repeats=3)
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128])
-    parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     info = prepare(args.corpus, args.out / args.corpus)

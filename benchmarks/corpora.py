@@ -20,6 +20,7 @@ poems, which set the pass cap at 32k tokens, include 300 Tang poems: 0.5% of the
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import json
@@ -246,3 +247,15 @@ def prepare(name: str, out: Path) -> dict:
             "vocab_size": manifests["train"]["vocab_size"]}
     (out / "split.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
+
+
+def probe_arguments(description: str, seconds: float, repeats: int) -> argparse.ArgumentParser:
+    """The arguments of the benchmarks that time `auto`'s probe on a corpus (bench_probe, bench_autocast,
+    bench_compile): ``--corpus --seconds --repeats --threads --out``, with these defaults for the first two."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--corpus", default="austen", choices=CORPORA)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
+    return parser
