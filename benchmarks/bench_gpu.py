@@ -13,7 +13,7 @@
    warm-up steps) for each shape of `auto.LADDER` at each rung of `auto.ROWS_LADDER` (32 to 1,024 rows), fp32 and
    bf16, with each doubling's gain beside the `auto.ROWS_GAIN` that `auto` asks of it.
 
-5. Steps (issue 39's table): tokens/s of `laptop`, `small` and `original` at 32, 128 and 512 rows, fp32 and bf16,
+5. Steps: tokens/s of `laptop`, `small` and `original` at 32, 128 and 512 rows, fp32 and bf16,
    the eager step beside the CUDA-graph step (`--no-cuda-graphs` / the default), each as `--preset auto`'s probe
    measures (`train.measure_throughput`, 3 s after two warm-up steps), with MFU: tokens/s x the nominal training
    FLOPs per token (`bench_train.flops_per_token`) over the GPU's dense peak (`PEAKS`: bf16 tensor cores for bf16;
@@ -26,8 +26,9 @@
 Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine). Where there is one, the
 figures go to benchmarks/results/gpu-DATE.json with the GPU's name, driver, CUDA version, the torch build and the
 host's load. `--parts` runs some of them; they run in the order steps, dump-scale, dump, reference, auto, train
-(issue 39's targets first). `--budget SECONDS` leaves out the parts and rows not started by then, so that a run on
-a lent GPU ends, and saves what it measured, inside its lease (benchmarks/gpu_check.sh).
+(the GPU targets of docs/gpu.md first). `--budget SECONDS` leaves out the parts and rows not started by then, so
+that a run on a GPU machine held for a fixed time ends, and saves what it measured, within it
+(benchmarks/gpu_check.sh).
 
     python -m benchmarks.bench_gpu [--parts steps dump-scale] [--budget 300]
 """
@@ -120,7 +121,7 @@ def auto_choice(shards: Path, minutes: float = 15.0) -> dict:
 # Dense peak rates (FLOP/s) by GPU model, from NVIDIA's datasheets (H100 and H200 Tensor Core GPU datasheets, 2023-24:
 # the sparsity figures halved): (bf16 tensor cores, fp32 without tensor cores).
 PEAKS = {"H100 PCIe": (756e12, 51e12), "H100 NVL": (835e12, 60e12), "H100": (989e12, 67e12), "H200": (989e12, 67e12)}
-# In the order a run takes them: the step table and the dump at scale (issue 39's targets) first.
+# In the order a run takes them: the step table and the dump at scale (what `against_targets` reads) first.
 PARTS = ("steps", "dump-scale", "dump", "reference", "auto", "train")
 # Seconds a part needs at least, so that none starts that would run far past --budget (the step table and the
 # shape-by-rows rates stop at the budget themselves; `auto`'s 15-minute choice took 20 s of probes on an H200).
@@ -173,7 +174,7 @@ def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 
 
 
 def against_targets(figures: dict) -> list[str]:
-    """Issue 39's targets beside what this run measured (the CUDA-graph step where it ran)."""
+    """The GPU targets (docs/gpu.md, "Speed on an H200") beside what this run measured (the best step)."""
     def rate(preset: str, batch: int) -> str:
         got = [r["tokens_per_s"] for r in figures.get("steps", []) if (r["preset"], r["batch"]) == (preset, batch)
                and r["tokens_per_s"] is not None]
@@ -247,7 +248,7 @@ def main() -> None:
     deadline = time.monotonic() + args.budget
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"host CPU threads {torch.get_num_threads()}", flush=True)
-    parts = [p for p in PARTS if p in args.parts]  # in PARTS' order: what issue 39 asks first, first
+    parts = [p for p in PARTS if p in args.parts]  # in PARTS' order
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp, \
             Recording("gpu", "python -m benchmarks.bench_gpu" + (f" --parts {' '.join(args.parts)}"
                                                                  if set(parts) != set(PARTS) else "")
@@ -268,7 +269,7 @@ def main() -> None:
                 print(f"{part}: skipped (it would not end within --budget)", flush=True)
                 continue
             run_part(part, rec.figures, work, text, len(lines), deadline)
-            rec.save()  # a run cut short (a lease's end) keeps the parts it finished
+            rec.save()  # a run cut short keeps the parts it finished
         for line in against_targets(rec.figures):
             print(line, flush=True)
 

@@ -1,5 +1,5 @@
 """The HDF5 writer of `dump-embeddings` alone: lines written a second as a dump writes them (`h5dump`'s low-level
-dataset creation, torch's float16 conversion: `dump.to_file_dtype`) beside h5py's ``create_dataset`` with HDF5
+dataset creation, torch's float16 cast: `h5dump.write_line`) beside h5py's ``create_dataset`` with HDF5
 converting float32 to the file's dtype (how the writer made and filled a line before 2026-11-27), measured in one
 run on the same data. Both write the same bytes (`tests/test_h5dump.py`).
 
@@ -25,7 +25,6 @@ import numpy as np
 
 from benchmarks.results import Recording
 from elmo_cli import h5dump
-from elmo_cli.dump import to_file_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "examples" / "austen_heldout.txt"
@@ -42,11 +41,11 @@ def h5py_writer(f: h5py.File, lines: list[np.ndarray], dtype: str) -> None:
 
 
 def elmo_writer(f: h5py.File, lines: list[np.ndarray], dtype: str) -> None:
-    """As `dump.dump_embeddings` writes: lines made through h5py's low-level API, converted by torch."""
+    """As `dump.dump_embeddings` writes: `h5dump`'s lines, made through h5py's low-level API, cast by torch."""
     for i, data in enumerate(lines):
         h5dump.create_line_dataset(f, i, data.shape, dtype)
     for i, data in enumerate(lines):
-        h5dump.write_line(f, i, to_file_dtype(data, dtype))
+        h5dump.write_line(f, i, data)
 
 
 WRITERS = {"h5py create_dataset, HDF5 converts": h5py_writer, "elmo-cli's writer": elmo_writer}

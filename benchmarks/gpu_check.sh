@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 39's GPU check in one call on a GPU machine: the CUDA tests, then `bench_gpu` in what is left of LIMIT
+# The GPU checks in one command on a GPU machine: the CUDA tests, then `bench_gpu` in what is left of LIMIT
 # seconds (default 570), every part of it saved as it ends. Logs and the results file go to $OUT (default
-# bench-out/gpu). Needs torch with CUDA and the design card's packages; nothing is installed (the tree is put on
-# PYTHONPATH). In a copy of the tree on another machine, give the commit it was made from: ELMO_BENCH_COMMIT=abc1234.
+# bench-out/gpu). Needs torch with CUDA and elmo-cli's dependencies (pyproject.toml); nothing is installed (the
+# tree is put on PYTHONPATH). In a copy of the tree on another machine, give the commit it was made from: ELMO_BENCH_COMMIT=abc1234.
 #
 #     ELMO_BENCH_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_check.sh 570
 set -u

@@ -40,8 +40,8 @@ def cpu_model() -> str:
 
 def commit() -> str:
     """The checkout's short commit, with ``+changes`` when the tree differs from it; ``$ELMO_BENCH_COMMIT`` where
-    it is set (a copy of the tree on another machine, whose .git, if any, need not be the tree's: on the GPU
-    machine the copy's git named the session's first commit, with changes)."""
+    it is set (a copy of the tree on another machine, whose .git, if any, need not match the tree: on one GPU
+    machine the copy's git named an older commit, with changes)."""
     if os.environ.get("ELMO_BENCH_COMMIT"):
         return os.environ["ELMO_BENCH_COMMIT"]
     def git(*args: str) -> str:

@@ -157,17 +157,6 @@ def _check_arguments(input_path: Path, output: Path, select: LayerSelection, n_l
     check_new_output(output, force)
 
 
-def to_file_dtype(line: np.ndarray, dtype: str) -> np.ndarray:
-    """A line's float32 vectors in the file's dtype (``--dtype``): cast by torch, the same bits as numpy's or HDF5's
-    cast (round to nearest even) in less time (`benchmarks.bench_writer`); as they are for float32."""
-    if line.dtype == h5dump.DTYPES[dtype]:
-        return line
-    return torch.from_numpy(line).to(_TORCH_DTYPES[dtype]).numpy()
-
-
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-
-
 class _Window:
     """Embeds and writes one window of lines at a time into the open partial file (this rank's share)."""
 
@@ -209,8 +198,7 @@ class _Window:
                 self.states = new_states
             for b, k in enumerate(batch):
                 if n[b]:
-                    line = self.select.reduce(out[:, b, 1 : n[b] + 1])
-                    h5dump.write_line(self.line_group, items[k][0], to_file_dtype(line, self.dtype))
+                    h5dump.write_line(self.line_group, items[k][0], self.select.reduce(out[:, b, 1 : n[b] + 1]))
             del out
             release_free_memory()
             self.lines += len(batch)

@@ -76,11 +76,9 @@ def test_write_line_converts_dtype_and_refuses_a_wrong_shape(tmp_path):
 
 
 def test_a_line_is_the_bytes_h5pys_create_dataset_and_hdf5s_own_conversion_write(tmp_path):
-    """The dump's fast writer (low-level creation, torch's float16 cast: `dump.to_file_dtype`) writes, byte for byte,
+    """The dump's fast writer (low-level creation, torch's float16 cast in `write_line`) writes, byte for byte,
     the file that h5py's ``create_dataset`` filled through HDF5's own conversion writes: the same layout, link names
     and rounding, empty lines included."""
-    from elmo_cli.dump import to_file_dtype
-
     rng = np.random.default_rng(1)
     lines = [rng.standard_normal((3, n, 8), dtype=np.float32) * 300 for n in (4, 0, 7, 1)]
     for dtype in ("float32", "float16"):
@@ -94,5 +92,5 @@ def test_a_line_is_the_bytes_h5pys_create_dataset_and_hdf5s_own_conversion_write
             for i, x in enumerate(lines):
                 h5dump.create_line_dataset(f, i, x.shape, dtype)
             for i, x in enumerate(lines):
-                h5dump.write_line(f, i, to_file_dtype(x, dtype))
+                h5dump.write_line(f, i, x)
         assert made.read_bytes() == fast.read_bytes(), dtype
