@@ -3,12 +3,21 @@
 transposed weights, which are not leaves and so miss its cast cache; the code before 2026-11-27), beside fp32.
 
     python -m benchmarks.bench_autocast [--corpus austen] [--seconds 10] [--repeats 3] [--threads 2]
+                                        [--profile 4] [--label NAME]
 
 Each (shape, variant) is measured as `--preset auto`'s probe measures (`train.measure_throughput`: a fresh model,
 two warm-up steps, then training steps for SECONDS, 32 rows, 1,024 sampled negatives), REPEATS times in
 alternating order; min and median kept, and the ratios within this one run. On a CPU without bf16 matrix
 instructions torch emulates bf16 (slower than fp32): the figure there is the cost of the casts, not bf16's gain.
-Results: benchmarks/results/autocast-DATE.json with the machine and load.
+Results: benchmarks/results/autocast-DATE.json with the machine and load (autocast-NAME-DATE.json with --label,
+for runs side by side on one machine: each on its own cores, e.g. under another ``ONEDNN_MAX_CPU_ISA``, which the
+record names).
+
+``--profile SECONDS`` then says where the time goes: for each shape, bf16 (cast once a window) and fp32 each train
+SECONDS under torch's profiler (CPU activities), and the operators with the most own time are kept, with their
+share of the profiled time and their calls; the matrix products (``aten::mm``, ``aten::addmm``, ``aten::bmm``...)
+beside the casts (``aten::to``, ``aten::_to_copy``, ``aten::copy_``) answer whether bf16's products or its casts
+set its pace on a CPU.
 """
 from __future__ import annotations
 
@@ -24,10 +33,28 @@ from elmo_cli.model import lstm
 from elmo_cli.train import measure_throughput, open_shards
 
 VARIANTS = ("bf16, cast once a window", "bf16, cast every step", "fp32")
+PROFILE_TOP = 14
+
+
+def profile(config, data, seconds: float) -> dict:
+    """`measure_throughput` of `config` for `seconds` under torch's profiler: tokens/s (with the profiler's own
+    cost in it) and the `PROFILE_TOP` operators by own CPU time, ``[name, share of all own time, calls]``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        rate = measure_throughput(config, data, seconds)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:PROFILE_TOP]
+    return {"tokens_per_s_profiled": round(rate), "own_seconds": round(total / 1e6, 2),
+            "top": [[e.key, round(e.self_cpu_time_total / total, 4), e.count] for e in top]}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=10.0, repeats=3)
+    parser.add_argument("--profile", type=float, default=0.0, help="seconds of profiled training per shape and dtype")
+    parser.add_argument("--label", default=None, help="results file autocast-LABEL-DATE.json")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     prepare(args.corpus, args.out / args.corpus)
@@ -36,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     negatives = min(base.training.n_negative_samples, len(data.vocab))
     once = lstm.autocast_once
     command = " ".join(["python -m benchmarks.bench_autocast", *argv])
-    with Recording("autocast", command, args.threads) as rec:
+    with Recording("autocast" + (f"-{args.label}" if args.label else ""), command, args.threads) as rec:
         cells = [(shape, variant) for shape in auto.LADDER for variant in VARIANTS]
         rates: dict[tuple[str, str], list[float]] = {}
         for repeat in range(args.repeats):
@@ -57,6 +84,11 @@ def main(argv: list[str] | None = None) -> None:
             med = {v: statistics.median(rates[(shape.name, v)]) for v in VARIANTS}
             rec.figures[f"{shape.name}: once over every step"] = round(med[VARIANTS[0]] / med[VARIANTS[1]], 2)
             rec.figures[f"{shape.name}: bf16 (once) over fp32"] = round(med[VARIANTS[0]] / med["fp32"], 2)
+        for shape in auto.LADDER if args.profile > 0 else ():
+            for variant in (VARIANTS[0], "fp32"):
+                config = auto._config(base, shape, "fp32" if variant == "fp32" else "bf16", negatives,
+                                      args.threads).with_training(device="cpu")
+                rec.figures[f"{shape.name} {variant} profile"] = profile(config, data, args.profile)
         for key, value in rec.figures.items():
             print(f"{key}: {value}")
 

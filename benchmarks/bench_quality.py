@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -95,8 +96,14 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "lr": config["training"]["lr"], "rows": config["training"]["batch_size"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
-            "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
+            "cpu": cpu_model(), **isa_cap(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
             **{f"asked_{k}": v for k, v in asked.items()}}
+
+
+def isa_cap() -> dict:
+    """``{"onednn_max_cpu_isa": ...}`` where oneDNN (bf16 products on a CPU) was held to an instruction set."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return {"onednn_max_cpu_isa": cap} if cap else {}
 
 
 def table(records: list[dict]) -> str:
@@ -118,6 +125,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--minutes", nargs="+", type=float, default=[60.0])
     parser.add_argument("--out", type=Path, default=Path("bench-out/quality"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--label", default=None, help="results file quality-LABEL-DATE.json (runs side by side)")
     parser.add_argument("--rows", nargs="+", type=int, default=[None],
                         help="batch rows to train each preset at (quality at equal time by rows); default the preset's")
     parser.add_argument("--dropout", nargs="+", type=float, default=[None],
@@ -130,7 +138,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     done = [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()] if results.is_file() else []
     command = " ".join(["python -m benchmarks.bench_quality", *argv])
-    with Recording("quality", command, args.threads) as rec:
+    with Recording("quality" + (f"-{args.label}" if args.label else ""), command, args.threads) as rec:
         infos, skipped = {}, {}
         for corpus in args.corpus:  # every split first: a missing corpus is said before hours of runs, not after
             try:

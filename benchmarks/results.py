@@ -136,6 +136,10 @@ def machine(threads: int) -> dict:
 
     facts = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
              "python": platform.python_version()}
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):
+        facts["cpus_allowed"] = sorted(os.sched_getaffinity(0))  # pinned (taskset) to these
+    if os.environ.get("ONEDNN_MAX_CPU_ISA"):  # oneDNN (torch's bf16 products on a CPU) held to this instruction set
+        facts["onednn_max_cpu_isa"] = os.environ["ONEDNN_MAX_CPU_ISA"]
     if torch.cuda.is_available():
         facts.update(gpu=torch.cuda.get_device_name(), gpus=torch.cuda.device_count(), cuda=torch.version.cuda,
                      driver=gpu_driver())
