@@ -5,6 +5,11 @@ two warm-up steps, then training steps for SECONDS), on 2 threads, with 1,024 sa
 cost in quality at equal time is not measured here: an hour per cell).
 
     python -m benchmarks.bench_probe [--corpus austen] [--seconds 20] [--repeats 3] [--threads 2] [--rows 32 64 128]
+    python -m benchmarks.bench_probe --trace 24 [--corpus sotu] [--label NAME]
+
+``--trace SECONDS`` measures instead how a probe's rate settles: each shape and dtype at 32 rows trains SECONDS
+once, as the probe does, and the record keeps the tokens/s of each 2-second interval, the rate a probe of
+`auto.PROBE_SECONDS`'s longest (6 s) would report, and the rate of the steps after it (what the run goes on at).
 
 Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
 ratio per shape
@@ -29,6 +34,8 @@ from elmo_cli.train import measure_throughput, open_shards
 def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=20.0, repeats=3)
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--trace", type=float, default=0.0, help="seconds of one traced probe per shape and dtype")
+    parser.add_argument("--label", default=None, help="results file probe-LABEL-DATE.json")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     info = prepare(args.corpus, args.out / args.corpus)
@@ -37,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     negatives = min(base.training.n_negative_samples, len(data.vocab))
     dtypes = ("fp32", "bf16") if machine.cpu_bf16() else ("fp32",)
     command = " ".join(["python -m benchmarks.bench_probe", *argv])
+    if args.trace > 0:
+        return trace_probes(data, base, negatives, dtypes, args, command)
     with Recording("probe", command, args.threads) as rec:
         cells = [(shape, dtype, rows) for shape in auto.LADDER for dtype in dtypes for rows in args.rows]
         rates: dict[tuple[str, str, int], list[float]] = {}
@@ -68,6 +77,31 @@ def main(argv: list[str] | None = None) -> None:
                                                                 median[(s.name, "fp32", 32)], 2)
         for key, value in rec.figures.items():
             print(f"{key}: {value}")
+
+
+def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None:
+    """``--trace``: one probe of ``args.trace`` seconds per shape and dtype, its rate by 2-second interval."""
+    with Recording("probe" + (f"-{args.label}" if args.label else ""), command, args.threads) as rec:
+        rec.figures = {"corpus": args.corpus, "trace_seconds": args.trace, "negatives": negatives, "rows": 32,
+                       "torch_threads": args.threads}
+        probe_s = auto.PROBE_SECONDS[1]
+        for shape in auto.LADDER:
+            for dtype in dtypes:
+                config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu")
+                trace: list[tuple[float, int]] = []
+                measure_throughput(config, data, args.trace, trace=trace)
+
+                def rate(t0: float, t1: float) -> float | None:
+                    inside = [(t, n) for t, n in [(0.0, 0), *trace] if t0 <= t <= t1]
+                    if len(inside) < 2:
+                        return None
+                    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+                bins = [rate(t, t + 2.0) for t in range(0, int(args.trace), 2)]
+                rec.figures[f"{shape.name} {dtype}"] = {
+                    "tokens_per_s_by_2s": [None if r is None else round(r) for r in bins],
+                    "probe_6s": round(rate(0.0, probe_s) or 0), "after_6s": round(rate(probe_s, args.trace) or 0),
+                    "steps": len(trace)}
+                print(f"{shape.name} {dtype}: {rec.figures[f'{shape.name} {dtype}']}", flush=True)
 
 
 if __name__ == "__main__":

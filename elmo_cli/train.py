@@ -900,12 +900,14 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                        train_tokens=tr.dataset.total_tokens)
 
 
-def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float, notes: list[str] | None = None
-                       ) -> float:
+def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float, notes: list[str] | None = None,
+                       trace: list[tuple[float, int]] | None = None) -> float:
     """Training tokens per second (per direction) of `config` on `dataset` in this process, on its device and
     threads: a fresh model, two warm-up steps, then real training steps for about `seconds` (at least three).
     Writes nothing; the global RNGs are reseeded by the run that follows, as every run reseeds them. `notes`, if
-    given, receives what the steps said (on a GPU: that the CUDA graphs started, or why they fell back)."""
+    given, receives what the steps said (on a GPU: that the CUDA graphs started, or why they fell back); `trace`
+    ``(seconds since the timing began, tokens so far)`` after each timed step (on a CPU: a GPU's steps are not
+    waited for one by one)."""
     with _training_process(config.training.threads):
         probe = _Trainer.bare(config, dataset)
         probe.state.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
@@ -916,6 +918,8 @@ def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float,
         while steps < 3 or time.monotonic() - start < seconds:
             tokens += probe.step()[3]
             steps += 1
+            if trace is not None:
+                trace.append((time.monotonic() - start, tokens))
         _synchronize(probe.device)
         rate = tokens / (time.monotonic() - start)
         if notes is not None:
