@@ -28,6 +28,10 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    cap in the budget (past it more rows only end the run sooner, with fewer updates); fp32 is then probed at the
    rows kept and taken unless bf16 is `BF16_GAIN` times faster. There a step at 32 rows waits on kernel launches,
    not arithmetic, and bf16's doublings kept paying after fp32's stopped (an H200: docs/auto.md, "On a GPU").
+8. On a CPU with a C++ compiler and a time budget of `COMPILE_FROM_SECONDS` or more, the chosen configuration is
+   probed once more with its LSTM loops compiled (`training.compile`, elmo_cli/compiled.py; the probe pays the
+   compilation, about 2 minutes, and the run reuses it) and compiled when that is `COMPILE_GAIN` times faster;
+   the passes are then counted at the compiled rate over the budget left. `--no-compile` keeps it eager.
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -66,6 +71,10 @@ WEIGHT_DECAY = 0.2
 # batches cost the most. 2 CPU threads buy 1.19x a doubling, so a CPU keeps the recipe's 32.
 ROWS_LADDER = (32, 64, 128, 256, 512, 1024)
 ROWS_GAIN = 1.5
+# Rule 8: compiling took about 2 minutes of a fresh process on 2 Zen 1 cores and bought 1.36x (512/128) and 1.16x
+# (1024/256): from 20 minutes it pays for itself several times over; under 10% faster it is not worth its time.
+COMPILE_FROM_SECONDS = 20 * 60.0
+COMPILE_GAIN = 1.1
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
 PROBE_SECONDS = (1.0, 6.0)
 
@@ -93,6 +102,7 @@ class Facts:
     validation_tokens: int = 0
     batch_size: int | None = None  # --batch-size / --unroll-steps when given: the probe trains at those
     unroll_steps: int | None = None
+    compile: bool = False  # a CPU with a C++ compiler, and no --no-compile: rule 8 may probe the compiled step
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class Probe:
     dtype: str
     tokens_per_s: float  # 0.0: the step did not fit in the device's memory
     rows: int = 32
+    compiled: bool = False  # the LSTM loops compiled (rule 8)
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,15 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if passes < MIN_EPOCHS:  # a larger shape is slower still
             break
     shape, dtype, rate, rows = chosen
+    compiled, eager_rate = False, rate
+    if facts.compile and facts.budget_seconds >= COMPILE_FROM_SECONDS and not facts.device.startswith("cuda"):
+        config = _config(base, shape, dtype, negatives, facts.threads)
+        start = time.monotonic()
+        compiled_rate = measure(config.with_training(batch_size=rows, device=facts.device, compile=True), seconds)
+        probes.append(Probe(shape.name, dtype, compiled_rate, rows, compiled=True))
+        if compiled_rate >= COMPILE_GAIN * rate:
+            compiled, rate = True, compiled_rate
+            budget = max(budget - (time.monotonic() - start), 1.0)  # the compilation's minutes are the budget's
     budget_epochs = rate * budget / facts.train_tokens
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
@@ -230,12 +250,13 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))
-    config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows)
+    config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows, compile=compiled)
     optimizer = {"optimizer": "adamw", "weight_decay": decay} if decay else {}
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
                                                                       epochs=run_epochs, **optimizer))
     if facts.budget_seconds:
-        why = (f"{rate:,.0f} tokens/s measured x {_minutes(facts.budget_seconds)} = {budget_epochs:.1f} passes "
+        measured = f" (compiled; eager {eager_rate:,.0f})" if compiled else ""
+        why = (f"{rate:,.0f} tokens/s measured{measured} x {_minutes(budget)} = {budget_epochs:.1f} passes "
                f"over {facts.train_tokens / 1e6:.2f}M tokens")
         if capped:
             why += (f"; it stops after {cap:g} (about {_minutes(cap * facts.train_tokens / rate)}): "
@@ -245,7 +266,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                f"{rate:,.0f} tokens/s)")
     if rows_ladder:
         why += "; " + stopped.get(shape.name, f"{rows:,} rows: the most the ladder or the corpus's sentences allow")
-    reason = (f"auto: {shape.name}, {dtype}, {f'{rows:,} rows, ' if rows_ladder else ''}dropout {dropout:g}"
+    reason = (f"auto: {shape.name}, {dtype}, {'compiled, ' if compiled else ''}"
+              f"{f'{rows:,} rows, ' if rows_ladder else ''}dropout {dropout:g}"
               f"{f', AdamW decay {decay:g}' if decay else ''}, {config.training.n_negative_samples:,} "
               f"negatives{' (full softmax)' if negatives >= facts.vocab_size else ''}: {why}{refused}")
     return Choice(config, reason, tuple(probes), epochs, shape.name, rate)
@@ -260,8 +282,6 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     # Parameters
     user : the ``--config`` dict or None; overrides : the flags given (`RunConfig.with_training` keywords).
     """
-    import time
-
     import torch
 
     from elmo_cli.train import open_shards
@@ -283,9 +303,10 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     epochs = given.get("epochs") or (given["max_steps"] * B * T / max(tokens, 1) if given.get("max_steps") else None)
     threads = int(given.get("threads") or torch.get_num_threads())
     device = str(resolve_device(given.get("device")))
+    may_compile = given.get("compile") is not False and device == "cpu" and machine.cxx_compiler() is not None
     facts = Facts(tokens, dataset.num_sentences, len(dataset.vocab), float(given.get("max_time") or 0.0), epochs,
                   threads, device, vdataset.total_tokens if vdataset is not None else 0,
-                  given.get("batch_size"), given.get("unroll_steps"))
+                  given.get("batch_size"), given.get("unroll_steps"), may_compile)
     start = time.monotonic()
     choice = choose(facts, lambda config, seconds: probe_rate(config, dataset, seconds), str(data_dir))
     spent = time.monotonic() - start
@@ -321,6 +342,8 @@ def _yours(chosen: RunConfig, final: RunConfig) -> str:
     if (final.model.lstm.dim, final.model.lstm.projection_dim) != (chosen.model.lstm.dim,
                                                                     chosen.model.lstm.projection_dim):
         changed.append(f"LSTM {final.model.lstm.dim}/{final.model.lstm.projection_dim}")
+    if final.training.compile != chosen.training.compile:
+        changed.append("compiled" if final.training.compile else "not compiled")
     for field, name, spec in (("dtype", "", ""), ("dropout", "dropout ", "g"), ("optimizer", "", ""),
                               ("weight_decay", "weight decay ", "g"), ("n_negative_samples", "negatives ", ",")):
         value = getattr(final.training, field)

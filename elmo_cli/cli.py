@@ -282,6 +282,10 @@ def cli_train(
     no_cuda_graphs: bool = typer.Option(False, "--no-cuda-graphs", help="On a GPU, run every step eagerly rather "
                                                                         "than replay its LSTMs from CUDA graphs "
                                                                         "(the default with one process)."),
+    compile_loops: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="On a CPU, compile the "
+                                                 "LSTM loops of the training step (torch.compile; a C++ compiler, "
+                                                 "about 2 minutes once) (default: off; --preset auto measures it "
+                                                 "from 20 minutes)."),
     threads: Optional[int] = threads_option(),
     validation: Optional[Path] = typer.Option(None, "--validation", help="Held-out shards (same vocabulary): "
                                                                          "full-softmax perplexity as training goes, "
@@ -328,7 +332,8 @@ def cli_train(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
             n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average,
-            seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, threads=threads, checkpoint_every=checkpoint_every,
+            seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, compile=compile_loops, threads=threads,
+            checkpoint_every=checkpoint_every,
             validation_every=validation_every, patience=patience, baseline=False if no_baseline else None)
         cfg, reason = training.resolve_config(output, data, preset=preset, config_file=config, flags=flags,
                                               validation_dir=validation, resume=resume, fine_tuning=fine_tuning)

@@ -33,6 +33,17 @@ def use_reproducible_blas(environ=os.environ) -> dict[str, str]:
     return added
 
 
+def cxx_compiler(environ=os.environ) -> str | None:
+    """The C++ compiler `torch.compile`'s Inductor would call on a CPU: ``$CXX``, else g++, c++ or clang++ on the
+    PATH; None where there is none (then `--compile` runs the eager step)."""
+    import shutil
+
+    for name in (environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
 # ---- bf16: the one place that says whether this machine multiplies bf16 natively ---------------------------------
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 instructions that multiply bf16 matrices natively
 

@@ -36,6 +36,7 @@ from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoi
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
 from elmo_cli.distributed import Dist, init_distributed
 from elmo_cli.evaluate import evaluate
+from elmo_cli import compiled
 from elmo_cli.graphed import StepStacks, reason_not
 from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
 from elmo_cli.model.bilm import BiLM
@@ -255,12 +256,12 @@ def check_resumable(saved: RunConfig, requested: RunConfig, where: Path) -> None
 
     old, new = flat(saved.to_dict()), flat(requested.to_dict())
     for key in sorted(set(old) | set(new)):
-        if key.startswith("training.") and key.split(".", 1)[1] in RUN_LENGTH_KEYS + ("cuda_graphs",):
+        if key.startswith("training.") and key.split(".", 1)[1] in RUN_LENGTH_KEYS + ("cuda_graphs", "compile"):
             continue
         if old.get(key) != new.get(key):
             raise ElmoError(f"{where}: cannot resume with {key} = {new.get(key)!r}: the run was started with "
-                            f"{old.get(key)!r}; only --epochs, --max-steps and --max-time (and --no-cuda-graphs) "
-                            f"may change on resume")
+                            f"{old.get(key)!r}; only --epochs, --max-steps and --max-time (and --no-cuda-graphs, "
+                            f"--compile) may change on resume")
 
 
 def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, device: torch.device) -> dict:
@@ -568,6 +569,11 @@ class _TrainState:
         # On a GPU the LSTM stacks replay as CUDA graphs (elmo_cli.graphed); None: the eager step (`BiLM.lm_hidden`).
         self.graphs_off = reason_not(device, tc.cuda_graphs, ddp.enabled)
         self.stacks = StepStacks(model, self.notes.append) if self.graphs_off is None else None
+        # On a CPU with training.compile: the LSTM layers' loops compiled (elmo_cli.compiled); False: eager.
+        self.compile_off = compiled.reason_not(device, tc.compile)
+        self.compiled = self.compile_off is None
+        if self.compiled:
+            compiled.compile_layers(model)
 
     @property
     def result_model(self) -> BiLM:
@@ -621,6 +627,8 @@ class _Trainer:
             self.state.stacks.note = self._note
         elif self.state.graphs_off and self.ddp.main:
             self.state.notes.append(self.state.graphs_off)
+        if self.state.compile_off and self.ddp.main:
+            self.state.notes.append(self.state.compile_off)
         self.progress = _Progress()
         if ckpt is not None:
             self.state.restore(ckpt, self.ddp.rank, self.device)
@@ -729,15 +737,32 @@ class _Trainer:
             negatives.append(ids.to(self.device))
             tries.append(n_tries)
         stacks = self.state.stacks
-        with _autocast(self.device, self.autocast, cache=stacks is None):  # a capture cannot use autocast's cache
-            f_loss, b_loss, new_states = self.state.wrapped(
-                batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, self.state.states,
-                tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None, stacks=stacks)
-            loss = (f_loss + b_loss) / 2
-        f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
-        _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
-        self.state.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+
+        def forward_backward() -> tuple[float, float, tuple]:
+            with _autocast(self.device, self.autocast, cache=stacks is None):  # a capture cannot use its cache
+                f_loss, b_loss, new_states = self.state.wrapped(
+                    batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, self.state.states,
+                    tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None,
+                    stacks=stacks)
+                loss = (f_loss + b_loss) / 2
+            f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
+            _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
+            self.state.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            return f_val, b_val, new_states
+
+        try:
+            f_val, b_val, new_states = forward_backward()
+        except Exception as error:  # a compilation that fails (its first step): the same step again, eagerly
+            if not (self.state.compiled and compiled.is_compile_failure(error)):
+                raise
+            compiled.eager_layers(self.state.model)
+            self.state.compiled = False
+            text = str(error).strip().splitlines()
+            note = f"--compile: torch.compile failed ({type(error).__name__}: {text[0][:160] if text else ''}); " \
+                   f"the eager step runs"
+            (self._note if self.run_dir is not None else self.state.notes.append)(note)
+            f_val, b_val, new_states = forward_backward()
         grad_norm = clip_grad_norm(self.state.params, tc.clip_norm)
         _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
         self.state.optimizer.step()

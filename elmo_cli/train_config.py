@@ -63,6 +63,9 @@ class TrainingConfig:
     # On a GPU, one process: the LSTM stacks of every step after the first replayed from CUDA graphs
     # (elmo_cli.graphed; the same arithmetic, far fewer launches). No effect on the CPU.
     cuda_graphs: bool = True
+    # On a CPU: the LSTM layers' time loops of each training step compiled by torch.compile (elmo_cli.compiled;
+    # needs a C++ compiler, about 2 minutes of compiling once a process). `--preset auto` probes it.
+    compile: bool = False
     log_every: int = 10  # steps per metrics.jsonl record
     checkpoint_every: int = 500  # steps; 0 = only by time and at the end
     checkpoint_minutes: float = 30.0  # also checkpoint after this many minutes; 0 = off

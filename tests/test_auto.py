@@ -602,3 +602,38 @@ def test_auto_is_refused_under_torchrun(monkeypatch, tmp_path):
     with pytest.raises(auto.ElmoError) as e:
         auto.auto_config(tmp_path / "shards", None, None, {"max_time": 3600.0})
     assert "--preset auto probes one process; under torchrun give a fixed preset" in str(e.value)
+
+
+def compiled_rates(table: dict[tuple[str, str], float], gain: float):
+    """`rates`, with the compiled step (`training.compile`) `gain` times the eager one."""
+    eager = rates(table)
+
+    def measure(config, seconds):
+        return eager(config, seconds) * (gain if config.training.compile else 1.0)
+    measure.seen = eager.seen
+    return measure
+
+
+def test_on_a_cpu_with_a_compiler_an_hour_probes_the_compiled_step_and_counts_its_passes(no_bf16):
+    # the addresses' hour on 2 Zen 1 cores: 512/128 at 1,400 tokens/s eager, 1.36x compiled (bench_compile)
+    measure = compiled_rates({(SMALL.name, "fp32"): 1400.0, (LARGE.name, "fp32"): 500.0}, 1.36)
+    choice = choose(dataclasses.replace(facts(tokens=920_000, budget=3600), compile=True), measure)
+    assert choice.shape == SMALL.name and choice.config.training.compile
+    assert [(p.shape, p.compiled) for p in choice.probes] == [(SMALL.name, False), (LARGE.name, False),
+                                                              (SMALL.name, True)]
+    assert choice.tokens_per_s == pytest.approx(1400 * 1.36)
+    assert choice.expected_epochs == pytest.approx(1400 * 1.36 * 3600 / 920_000, rel=1e-3)  # 7.5 passes, not 5.5
+    assert choice.config.training.dropout == 0.1
+    assert "auto: LSTM 512/128, fp32, compiled, dropout 0.1" in choice.reason
+    assert "1,904 tokens/s measured (compiled; eager 1,400) x 60 min = 7.5 passes" in choice.reason
+
+
+def test_compiling_is_not_probed_under_20_minutes_nor_kept_below_its_gain_nor_without_a_compiler(no_bf16):
+    table = {(SMALL.name, "fp32"): 1400.0, (LARGE.name, "fp32"): 500.0}
+    short = choose(dataclasses.replace(facts(budget=15 * 60), compile=True), compiled_rates(table, 1.36))
+    assert not short.config.training.compile and not any(p.compiled for p in short.probes)
+    slight = choose(dataclasses.replace(facts(budget=3600), compile=True), compiled_rates(table, 1.05))
+    assert not slight.config.training.compile and slight.probes[-1].compiled
+    assert "compiled" not in slight.reason and slight.tokens_per_s == 1400.0
+    unable = choose(facts(budget=3600), compiled_rates(table, 1.36))  # no C++ compiler, or --no-compile
+    assert not unable.config.training.compile and not any(p.compiled for p in unable.probes)
