@@ -282,10 +282,12 @@ def cli_train(
     no_cuda_graphs: bool = typer.Option(False, "--no-cuda-graphs", help="On a GPU, run every step eagerly rather "
                                                                         "than replay its LSTMs from CUDA graphs "
                                                                         "(the default with one process)."),
-    compile_loops: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="On a CPU, compile the "
-                                                 "LSTM loops of the training step (torch.compile; a C++ compiler, "
-                                                 "about 2 minutes once) (default: off; --preset auto measures it "
-                                                 "from 20 minutes)."),
+    compile_loops: bool = typer.Option(False, "--compile", help="On a CPU, compile the LSTM loops of the training "
+                                                                "step (torch.compile: a C++ compiler, about 2 "
+                                                                "minutes once; --preset auto measures it from 20 "
+                                                                "minutes)."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Never compile the LSTM loops, even where "
+                                                                "--preset auto finds it faster."),
     threads: Optional[int] = threads_option(),
     validation: Optional[Path] = typer.Option(None, "--validation", help="Held-out shards (same vocabulary): "
                                                                          "full-softmax perplexity as training goes, "
@@ -327,12 +329,14 @@ def cli_train(
         from elmo_cli.model_files import model_files
         from elmo_cli.train_config import parse_duration
 
+        if compile_loops and no_compile:
+            raise ElmoError("--compile and --no-compile: give one")
         fine_tuning = init_from is not None or options is not None or weights is not None
         flags = dict(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
             n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average,
-            seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, compile=compile_loops, threads=threads,
+            seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, compile=True if compile_loops else (False if no_compile else None), threads=threads,
             checkpoint_every=checkpoint_every,
             validation_every=validation_every, patience=patience, baseline=False if no_baseline else None)
         cfg, reason = training.resolve_config(output, data, preset=preset, config_file=config, flags=flags,
