@@ -29,7 +29,7 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    rows kept and taken unless bf16 is `BF16_GAIN` times faster. There a step at 32 rows waits on kernel launches,
    not arithmetic, and bf16's doublings kept paying after fp32's stopped (an H200: docs/auto.md, "On a GPU").
 8. On a CPU with a C++ compiler and a time budget of `COMPILE_FROM_SECONDS` or more, the chosen configuration is
-   probed once more with its LSTM loops compiled (`training.compile`, elmo_cli/compiled.py; the probe pays the
+   probed once more eagerly (the better of its two eager rates counts) and once with its LSTM loops compiled (`training.compile`, elmo_cli/compiled.py; the probe pays the
    compilation, about 2 minutes, and the run reuses it) and compiled when that is `COMPILE_GAIN` times faster;
    the passes are then counted at the compiled rate over the budget left. `--no-compile` keeps it eager.
 
@@ -235,9 +235,14 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     shape, dtype, rate, rows = chosen
     compiled, eager_rate = False, rate
     if facts.compile and facts.budget_seconds >= COMPILE_FROM_SECONDS and not facts.device.startswith("cuda"):
-        config = _config(base, shape, dtype, negatives, facts.threads)
+        config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows,
+                                                                                      device=facts.device)
+        # The eager step again, just before: a process's first probe can read far under its speed (868 tokens/s
+        # against a run's 1,500 on 2 Zen 1 cores, docs/auto.md), which would credit the compilation with it.
+        rate = eager_rate = max(rate, measure(config, seconds))
+        probes.append(Probe(shape.name, dtype, eager_rate, rows))
         start = time.monotonic()
-        compiled_rate = measure(config.with_training(batch_size=rows, device=facts.device, compile=True), seconds)
+        compiled_rate = measure(config.with_training(compile=True), seconds)
         probes.append(Probe(shape.name, dtype, compiled_rate, rows, compiled=True))
         if compiled_rate >= COMPILE_GAIN * rate:
             compiled, rate = True, compiled_rate

@@ -15,6 +15,7 @@ with the eager step and says so once (`_Trainer.step`).
 """
 from __future__ import annotations
 
+import traceback
 import types
 
 import torch
@@ -63,14 +64,22 @@ def eager_layers(model: nn.Module) -> None:
             del layer.forward
 
 
+_MACHINERY = ("torch._dynamo", "torch._inductor", "torch._functorch")
+
+
 def is_compile_failure(error: BaseException) -> bool:
-    """Whether `error` came from torch.compile's machinery (Dynamo, AOTAutograd, Inductor or the C++ compiler),
-    rather than from the model or the data."""
-    modules = ("torch._dynamo", "torch._inductor", "torch._functorch")
+    """Whether `error` may have come from torch.compile's machinery (Dynamo, AOTAutograd, Inductor, the C++
+    compiler): an exception of theirs, or one raised inside their code (a Python that Dynamo does not support raises
+    a plain RuntimeError there), anywhere in its chain. An error of the model raised inside compiled code counts
+    too; the eager step then raises it again."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if type(error).__module__.startswith(modules):
+        if type(error).__module__.startswith(_MACHINERY):
+            return True
+        frames = traceback.extract_tb(error.__traceback__)
+        if any(f"/{m.replace('.', '/')}/" in frame.filename.replace("\\", "/") for frame in frames
+               for m in _MACHINERY):
             return True
         error = error.__cause__ or error.__context__
     return False

@@ -90,6 +90,14 @@ def test_an_error_of_the_model_is_not_taken_for_a_failed_compilation(shards, tmp
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = InductorFailure("inner")
     assert compiled.is_compile_failure(wrapped) is True
+    # a plain RuntimeError raised inside Dynamo's own code (as on a Python it does not support) counts as well
+    code = compile("def unsupported():\n    raise RuntimeError('Dynamo is not supported on this Python')\n",
+                   "/site-packages/torch/_dynamo/eval_frame.py", "exec")
+    scope: dict = {}
+    exec(code, scope)
+    with pytest.raises(RuntimeError) as raised:
+        scope["unsupported"]()
+    assert compiled.is_compile_failure(raised.value) is True
 
 
 def test_without_a_cpp_compiler_the_run_says_so_and_trains_eagerly(shards, tmp_path, monkeypatch):
