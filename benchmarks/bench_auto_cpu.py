@@ -36,14 +36,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--run-seconds", type=float, default=180.0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--label", default=None)
+    parser.add_argument("--label", default=None, help="results file auto-cpu-LABEL-DATE.json (runs side by side)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     info = prepare(args.corpus, args.out / args.corpus)
     shards = args.out / args.corpus / "train"
     command = " ".join(["python -m benchmarks.bench_auto_cpu", *argv])
-    with Recording("auto-cpu" + (f"-{args.label}" if args.label else ""), command, args.threads) as rec:
+    with Recording("auto-cpu", command, args.threads, args.label) as rec:
         config, choice = auto.auto_config(shards, None, None, {"max_time": 60.0 * args.minutes,
                                                                 "threads": args.threads, "device": "cpu"})
         print(choice.reason, flush=True)

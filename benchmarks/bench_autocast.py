@@ -54,7 +54,6 @@ def profile(config, data, seconds: float) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=10.0, repeats=3)
     parser.add_argument("--profile", type=float, default=0.0, help="seconds of profiled training per shape and dtype")
-    parser.add_argument("--label", default=None, help="results file autocast-LABEL-DATE.json")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     prepare(args.corpus, args.out / args.corpus)
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     negatives = min(base.training.n_negative_samples, len(data.vocab))
     once = lstm.autocast_once
     command = " ".join(["python -m benchmarks.bench_autocast", *argv])
-    with Recording("autocast" + (f"-{args.label}" if args.label else ""), command, args.threads) as rec:
+    with Recording("autocast", command, args.threads, args.label) as rec:
         cells = [(shape, variant) for shape in auto.LADDER for variant in VARIANTS]
         rates: dict[tuple[str, str], list[float]] = {}
         for repeat in range(args.repeats):

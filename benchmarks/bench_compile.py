@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     # A cold compilation, as a user's first run pays it: Inductor's on-disk caches in a fresh folder.
     cache = tempfile.TemporaryDirectory(prefix="bench-compile-cache-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
-    with cache, Recording("compile", command, args.threads) as rec:
+    with cache, Recording("compile", command, args.threads, args.label) as rec:
         rec.figures = {"corpus": args.corpus, "seconds": args.seconds, "rows": 32, "negatives": negatives,
                        "torch_threads": args.threads}
         for shape in auto.LADDER:

@@ -35,7 +35,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=20.0, repeats=3)
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--trace", type=float, default=0.0, help="seconds of one traced probe per shape and dtype")
-    parser.add_argument("--label", default=None, help="results file probe-LABEL-DATE.json")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     info = prepare(args.corpus, args.out / args.corpus)
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None:
     """``--trace``: one probe of ``args.trace`` seconds per shape and dtype, its rate by 2-second interval."""
-    with Recording("probe" + (f"-{args.label}" if args.label else ""), command, args.threads) as rec:
+    with Recording("probe", command, args.threads, args.label) as rec:
         rec.figures = {"corpus": args.corpus, "trace_seconds": args.trace, "negatives": negatives, "rows": 32,
                        "torch_threads": args.threads}
         probe_s = auto.PROBE_SECONDS[1]

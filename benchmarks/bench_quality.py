@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     done = [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()] if results.is_file() else []
     command = " ".join(["python -m benchmarks.bench_quality", *argv])
-    with Recording("quality" + (f"-{args.label}" if args.label else ""), command, args.threads) as rec:
+    with Recording("quality", command, args.threads, args.label) as rec:
         infos, skipped = {}, {}
         for corpus in args.corpus:  # every split first: a missing corpus is said before hours of runs, not after
             try:

@@ -251,11 +251,13 @@ def prepare(name: str, out: Path) -> dict:
 
 def probe_arguments(description: str, seconds: float, repeats: int) -> argparse.ArgumentParser:
     """The arguments of the benchmarks that time `auto`'s probe on a corpus (bench_probe, bench_autocast,
-    bench_compile): ``--corpus --seconds --repeats --threads --out``, with these defaults for the first two."""
+    bench_compile): ``--corpus --seconds --repeats --threads --out --label``, with these defaults for the first
+    two."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--corpus", default="austen", choices=CORPORA)
     parser.add_argument("--seconds", type=float, default=seconds)
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("bench-out/probe"))
+    parser.add_argument("--label", default=None, help="results file NAME-LABEL-DATE.json (runs side by side)")
     return parser

@@ -161,10 +161,11 @@ def gpu_driver() -> str | None:
 class Recording:
     """A benchmark run's record: fill ``figures``; on exit it is written to ``results/NAME-DATE.json``."""
 
-    def __init__(self, name: str, command: str, threads: int | None = None):
+    def __init__(self, name: str, command: str, threads: int | None = None, label: str | None = None):
         import torch
 
-        self.name, self.command = name, command
+        # ``label``: results/NAME-LABEL-DATE.json, for runs of one benchmark side by side (each its own file)
+        self.name, self.command = name + (f"-{label}" if label else ""), command
         self.threads = threads or torch.get_num_threads()
         self.figures: dict = {}
         self.path: Path | None = None
