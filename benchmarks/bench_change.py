@@ -1,15 +1,18 @@
 """Did a change slow the dump? `dump_embeddings` of this checkout beside another checkout of the project (a commit
 before the change), measured in one run: fresh processes alternating between the two trees, three each per shape,
 on bench_embed's 200 sentences (batch 64, float32, random `small` and `original` weights), each after an 8-sentence
-warm-up. Min and median tokens/s per tree, and whether the two trees wrote the same bytes.
+warm-up. Min and median tokens/s per tree, and whether the two trees wrote the same bytes. ``--layers`` and
+``--dtype`` are the dump's (all layers in float32 by default; ``--layers average --dtype float16`` is the dump at
+scale of docs/gpu.md).
 
     git worktree add --detach ../before COMMIT
-    python -m benchmarks.bench_change ../before [small original]
+    python -m benchmarks.bench_change ../before [small original] [--layers average --dtype float16]
 
 Not part of `make bench`: it needs the second checkout.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -31,15 +34,21 @@ def tree_commit(tree: Path) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if not argv:
-        raise SystemExit("usage: python -m benchmarks.bench_change BEFORE_CHECKOUT [small original]")
-    before, shapes = Path(argv[0]).resolve(), argv[1:] or ["small", "original"]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("before", type=Path, help="the other checkout (a commit before the change)")
+    parser.add_argument("shapes", nargs="*", default=["small", "original"], choices=["small", "original"])
+    parser.add_argument("--layers", default="all")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    args = parser.parse_args(argv)
+    before, shapes = args.before.resolve(), args.shapes
     trees = {"before": before, "after": HERE}
-    command = f"python -m benchmarks.bench_change {argv[0]}" + (f" {' '.join(argv[1:])}" if argv[1:] else "")
-    with tempfile.TemporaryDirectory() as d, Recording("change", command) as rec:
+    command = " ".join(["python -m benchmarks.bench_change", *argv])
+    results_label = None if (args.layers, args.dtype) == ("all", "float32") else f"{args.layers}-{args.dtype}"
+    with tempfile.TemporaryDirectory() as d, Recording("change", command, label=results_label) as rec:
         tmp = Path(d)
         n_tokens = write_inputs(tmp)
-        rec.figures = {"tokens": n_tokens, "before_commit": tree_commit(before)}
+        rec.figures = {"tokens": n_tokens, "before_commit": tree_commit(before), "layers": args.layers,
+                       "dtype": args.dtype}
         for name in shapes:
             model = random_model(name, tmp / name)
             seconds: dict[str, list[float]] = {t: [] for t in trees}
@@ -48,7 +57,8 @@ def main(argv: list[str]) -> None:
                 for label, tree in trees.items():
                     env = {k: v for k, v in os.environ.items() if k not in REPRODUCIBLE_BLAS}  # each tree's own
                     env["PYTHONPATH"] = str(tree)
-                    s, h = time_dump(model, tmp, tmp / f"{label}-{k}.hdf5", env, cwd=tree)
+                    s, h = time_dump(model, tmp, tmp / f"{label}-{k}.hdf5", env, cwd=tree, layers=args.layers,
+                                     dtype=args.dtype)
                     seconds[label].append(s)
                     digests[label].add(h)
             rates = {t: sorted(n_tokens / s for s in seconds[t]) for t in trees}

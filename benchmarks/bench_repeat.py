@@ -38,10 +38,11 @@ from pathlib import Path
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.loading import load_model
 model, warm, text, out = map(Path, sys.argv[1:5])
+layers, dtype = (sys.argv[5:7] + ["all", "float32"][len(sys.argv[5:7]):])  # optional: --layers, --dtype
 loaded = load_model(model, device="cpu")
-dump_embeddings(loaded, warm, out, batch_size=64, force=True)
+dump_embeddings(loaded, warm, out, batch_size=64, force=True, layers=layers, dtype=dtype)
 start = time.perf_counter()
-dump_embeddings(loaded, text, out, batch_size=64, force=True)
+dump_embeddings(loaded, text, out, batch_size=64, force=True, layers=layers, dtype=dtype)
 print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 
@@ -56,11 +57,12 @@ def digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def time_dump(model: Path, tmp: Path, out: Path, env: dict[str, str], cwd: Path | None = None) -> tuple[float, str]:
+def time_dump(model: Path, tmp: Path, out: Path, env: dict[str, str], cwd: Path | None = None,
+              layers: str = "all", dtype: str = "float32") -> tuple[float, str]:
     """One fresh process: its dump seconds and the digest of what it wrote. `env` is the whole environment; `cwd`
-    (with PYTHONPATH in `env`) runs another checkout's code."""
+    (with PYTHONPATH in `env`) runs another checkout's code; `layers` and `dtype` are the dump's."""
     done = subprocess.run([sys.executable, "-c", CHILD, str(model), str(tmp / "warm.txt"), str(tmp / "text.txt"),
-                           str(out)], env=env, cwd=cwd, capture_output=True, text=True, check=True)
+                           str(out), layers, dtype], env=env, cwd=cwd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])["seconds"], digest(out)
 
 

@@ -2,7 +2,8 @@
 
 A dump reads its input in windows of ``window_batches * batch_size`` lines; within a window the lines are sorted
 by length into batches (stateless) or kept in input order (stateful), embedded by `elmo_cli.embed.embed_batch`,
-reduced by a `LayerSelection` and written in line order, so memory does not grow with the input. Output goes to
+reduced by a `LayerSelection` on the model's device and written in line order, so memory does not grow with the
+input; on a GPU a batch is written while the next one computes. Output goes to
 ``OUTPUT.partial`` (layout and bookkeeping: `elmo_cli.h5dump`) and is renamed when complete; ``resume`` continues
 an interrupted run from its last complete window (a stateful one from the LSTM states it had carried that far).
 Under torchrun each rank embeds lines ``i % world == rank`` into its own part file and rank 0 merges them.
@@ -157,6 +158,17 @@ def _check_arguments(input_path: Path, output: Path, select: LayerSelection, n_l
     check_new_output(output, force)
 
 
+@dataclass
+class _Batch:
+    """One embedded batch on its way to the file: `batch` (indices into the window's items), the lengths `n`, the
+    reduced output `(B, ..., T, 2P)` in the file's dtype on the host, and on a GPU the event of its copy back."""
+
+    batch: list[int]
+    n: list[int]
+    out: torch.Tensor | None
+    copied: torch.cuda.Event | None
+
+
 class _Window:
     """Embeds and writes one window of lines at a time into the open partial file (this rank's share)."""
 
@@ -188,25 +200,54 @@ class _Window:
             h5dump.create_line_dataset(self.line_group, i, self.select.shape(L1, len(toks), D), self.dtype,
                                        self.compression)
         batches = self.batches(items)
+        pending = None
         for batch in batches:
-            if self.stateful:
-                self.states = zero_states((self.model.forward_lstm, self.model.backward_lstm), len(batch),
-                                          self.device) if self.states is None else fit_both(self.states, len(batch))
-            out, n, new_states = embed_batch(self.model, self.tokens, [items[k][1] for k in batch], self.states,
-                                             self.lstm)
-            if self.stateful:
-                self.states = new_states
-            for b, k in enumerate(batch):
-                if n[b]:
-                    h5dump.write_line(self.line_group, items[k][0], self.select.reduce(out[:, b, 1 : n[b] + 1]))
-            del out
-            release_free_memory()
-            self.lines += len(batch)
-            self.tokens_done += sum(n)
-            report()
+            launched = self._embed(items, batch)
+            if pending is not None:
+                self._write_batch(items, pending, report)
+            pending = launched
+            if self.device.type != "cuda":  # nothing runs beside the host: write it now
+                self._write_batch(items, pending, report)
+                pending = None
+        if pending is not None:
+            self._write_batch(items, pending, report)
         h5dump.mark_completed(self.f, end, self.saved_states() if self.stateful else None)
         if not batches:  # a window of blank or repeated lines only: the progress still moves
             report()
+
+    def _embed(self, items: list[tuple[int, list[str]]], batch: list[int]) -> _Batch:
+        """Embed one batch and reduce it to what is written (`LayerSelection.reduce_batch`, cast to the file's
+        dtype) on the model's device. On a GPU the copy back is only started: the host writes the batch before
+        while the GPU computes this one (`write`), and waits for the copy in `_write_batch`."""
+        if self.stateful:
+            self.states = zero_states((self.model.forward_lstm, self.model.backward_lstm), len(batch),
+                                      self.device) if self.states is None else fit_both(self.states, len(batch))
+        layers, n, new_states = embed_batch(self.model, self.tokens, [items[k][1] for k in batch], self.states,
+                                            self.lstm)
+        if self.stateful:
+            self.states = new_states
+        out = self.select.reduce_batch(layers).to(getattr(torch, self.dtype))  # (B, ..., T, 2P)
+        del layers
+        if out.device.type != "cuda":
+            return _Batch(batch, n, out, None)
+        host = out.to("cpu", non_blocking=True)  # into pinned memory, in stream order
+        copied = torch.cuda.Event()
+        copied.record()
+        return _Batch(batch, n, host, copied)
+
+    def _write_batch(self, items: list[tuple[int, list[str]]], done: _Batch, report: Callable[[], None]) -> None:
+        if done.copied is not None:
+            done.copied.synchronize()
+        out = done.out.numpy()
+        for b, k in enumerate(done.batch):
+            if done.n[b]:
+                h5dump.write_line(self.line_group, items[k][0], LayerSelection.line(out, b, done.n[b]))
+        del out
+        done.out = None
+        release_free_memory()
+        self.lines += len(done.batch)
+        self.tokens_done += sum(done.n)
+        report()
 
     def saved_states(self) -> dict[str, np.ndarray]:
         """The carried states as `h5dump.mark_completed` stores them: ``h (2, L, B, P)``, ``c (2, L, B, H)``."""

@@ -97,7 +97,7 @@ class TokenEmbeddings:
 
 @torch.no_grad()
 def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]], states: tuple | None = None,
-                lstm: BiLSTMKernel | None = None) -> tuple[np.ndarray, list[int], tuple | None]:
+                lstm: BiLSTMKernel | None = None) -> tuple[torch.Tensor, list[int], tuple | None]:
     """Embed one batch of token lists (boundaries added here): the token memo, then the biLM's one forward
     (`bilm_layers`); `lstm` (stateless only) is the fast path.
 
@@ -105,8 +105,9 @@ def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]]
     sentences : B token lists without boundaries. states : None (zero state) or the carried states.
 
     # Returns
-    layers `(L+1, B, T, 2P)` float32 numpy where sentence b's tokens are positions ``1 .. n_b`` (0 is ``<S>``),
-    the lengths ``n_b``, and the final LSTM states (for the carried-state mode).
+    layers `(L+1, B, T, 2P)` float32 on the model's device (not waited for: a GPU may still be computing them)
+    where sentence b's tokens are positions ``1 .. n_b`` (0 is ``<S>``), the lengths ``n_b``, and the final LSTM
+    states (for the carried-state mode).
     """
     B = len(sentences)
     n = [len(s) for s in sentences]
@@ -120,7 +121,7 @@ def embed_batch(model: BiLM, tokens: TokenEmbeddings, sentences: list[list[str]]
     emb = tokens.store.index_select(0, distinct)  # (U, P)
     x = emb[idx]  # (B, T, P)
     layers, new_states = bilm_layers(model.stacks, x, lengths, states, kernel=lstm, distinct=(emb, idx))
-    return layers.float().cpu().numpy(), n, new_states
+    return layers.float(), n, new_states
 
 
 # ---- the Python API -------------------------------------------------------------------------------------------------
@@ -196,9 +197,10 @@ class Embedder:
                 out[k] = np.zeros(select.shape(self.n_layers, 0, self.dim), dtype=np.float32)
         for batch in length_sorted_batches([len(sentences[k]) for k in todo], batch_size):
             ids = [todo[j] for j in batch]
-            result, n, _ = embed_batch(self.model, self.tokens, [list(sentences[k]) for k in ids], lstm=self.lstm)
+            layers_b, n, _ = embed_batch(self.model, self.tokens, [list(sentences[k]) for k in ids], lstm=self.lstm)
+            result = select.reduce_batch(layers_b).cpu().numpy()  # (B, ..., T, 2P)
             for b, k in enumerate(ids):
-                out[k] = np.ascontiguousarray(select.reduce(result[:, b, 1 : n[b] + 1]))
+                out[k] = np.ascontiguousarray(LayerSelection.line(result, b, n[b]))
         return out  # type: ignore[return-value]
 
     def embed_sentence(self, tokens: list[str]) -> np.ndarray:

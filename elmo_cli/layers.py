@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+import torch
 
 from vocab.errors import ElmoError
 
@@ -79,18 +79,26 @@ class LayerSelection:
             return (len(self.indices), n_tokens, dim)
         return (n_tokens, dim)
 
-    def reduce(self, layers: np.ndarray) -> np.ndarray:
-        """One sentence's `(L+1, n, 2P)` -> the array of `shape`."""
+    def reduce_batch(self, layers: torch.Tensor) -> torch.Tensor:
+        """A batch's layers `(L+1, B, T, 2P)` -> `(B, *shape)` with the token axis T, on the layers' device (a
+        GPU reduces before its output is copied back: the average is a third of the bytes of ``all``). Sentence
+        b's array of `shape` is ``out[b, ..., 1 : n_b + 1, :]`` (`line`)."""
         if self.mode == "mix":
-            w = np.asarray(self.weights, dtype=np.float32)
-            return (self.gamma * np.tensordot(w, layers, axes=1)).astype(np.float32)
+            w = torch.tensor(self.weights, dtype=layers.dtype, device=layers.device)
+            return self.gamma * torch.tensordot(w, layers, dims=1)
         if self.mode == "top":
             return layers[-1]
         if self.mode == "average":
-            return layers.mean(axis=0)
+            return layers.mean(dim=0)
         if self.mode == "indices":
-            return layers[list(self.indices)]
-        return layers
+            return layers[list(self.indices)].transpose(0, 1)
+        return layers.transpose(0, 1)
+
+    @staticmethod
+    def line(reduced, b: int, n: int):
+        """Sentence b's array (its n tokens, the ``<S>`` position dropped) from `reduce_batch`'s output, as a
+        numpy array or tensor of `shape`."""
+        return reduced[b, ..., 1 : n + 1, :]
 
     def settings(self) -> dict:
         """What a resumed dump must match."""

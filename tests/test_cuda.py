@@ -234,3 +234,25 @@ def test_auto_on_the_gpu_doubles_its_rows_past_the_cpus_32(tmp_path):
     assert rows == config.training.batch_size >= 64, choice.reason
     assert {p.rows for p in choice.probes} >= {32, 64} and all(p.tokens_per_s > 0 for p in choice.probes
                                                                if p.rows <= rows), choice.probes
+
+
+@pytest.mark.parametrize("layers, dtype, stateful, atol", [("average", "float16", False, 2e-3),
+                                                           ("all", "float32", True, 1e-5)])
+def test_dump_reduced_on_the_gpu_and_written_while_the_next_batch_runs(tmp_path, layers, dtype, stateful, atol):
+    """The GPU reduces each batch (`LayerSelection.reduce_batch`) and casts it before the copy back, and writes a
+    batch while the next one computes; at 2 rows a batch (many batches in flight) every line equals the CPU's
+    dump: within fp32 rounding, or one float16 step of the values here (|x| < 2)."""
+    from elmo_cli.dump import dump_embeddings
+
+    gpu = load_model(None, REFERENCE / "options.json", REFERENCE / "weights.hdf5")
+    cpu = load_model(None, REFERENCE / "options.json", REFERENCE / "weights.hdf5", device="cpu")
+    for loaded, name in ((gpu, "gpu"), (cpu, "cpu")):
+        dump_embeddings(loaded, REFERENCE / "sentences.txt", tmp_path / f"{name}.hdf5", layers=layers, dtype=dtype,
+                        batch_size=2, window_batches=2, stateful=stateful)
+    with h5py.File(tmp_path / "gpu.hdf5") as a, h5py.File(tmp_path / "cpu.hdf5") as b:
+        assert sorted(a) == sorted(b)
+        for key in b:
+            if key != "sentence_to_index":
+                assert a[key].dtype == np.dtype(dtype) and a[key].shape == b[key].shape
+                np.testing.assert_allclose(a[key][...].astype(np.float32), b[key][...].astype(np.float32),
+                                           atol=atol, rtol=0, err_msg=key)

@@ -58,14 +58,21 @@ def test_length_sorted_batches():
 
 
 def test_reduce_layers_hand_computed():
-    a = np.stack([np.full((2, 3), v, dtype=np.float32) for v in (1.0, 2.0, 6.0)])  # (3, 2, 3)
-    assert LayerSelection.parse("all").reduce(a) is a
-    assert np.all(LayerSelection.parse("top").reduce(a) == 6.0)
-    assert np.all(LayerSelection.parse("average").reduce(a) == 3.0)
-    mixed = LayerSelection.parse(mix="0.5,0.25,0.25", gamma=2.0).reduce(a)
-    assert mixed.shape == (2, 3) and np.allclose(mixed, 2.0 * (0.5 + 0.5 + 1.5))
-    picked = LayerSelection.parse("2,0").reduce(a)
-    assert picked.shape == (2, 2, 3) and np.all(picked[0] == 6.0) and np.all(picked[1] == 1.0)
+    """A batch of 2 sentences, layers (3, 2, 4, 3): layer l of sentence b is l-th of (1, 2, 6) plus 10 b; each
+    selection's shape and values, and `line` taking tokens 1 .. n."""
+    a = torch.stack([torch.stack([torch.full((4, 3), v + 10.0 * b) for b in range(2)]) for v in (1.0, 2.0, 6.0)])
+    for sel, want in (("all", [[1.0, 2.0, 6.0], [11.0, 12.0, 16.0]]), ("top", [6.0, 16.0]),
+                      ("average", [3.0, 13.0]), ("2,0", [[6.0, 1.0], [16.0, 11.0]])):
+        out = LayerSelection.parse(sel).reduce_batch(a)
+        assert out.shape == (2, *LayerSelection.parse(sel).shape(3, 4, 3)), sel
+        for b in range(2):
+            line = LayerSelection.line(out, b, 2)
+            assert line.shape == LayerSelection.parse(sel).shape(3, 2, 3), sel
+            expected = torch.tensor(want[b])  # one value per kept layer, or one for the whole line
+            expected = expected.view(-1, 1, 1) if line.dim() == 3 else expected
+            assert torch.equal(line, expected.expand(line.shape)), sel
+    mixed = LayerSelection.parse(mix="0.5,0.25,0.25", gamma=2.0).reduce_batch(a)
+    assert mixed.shape == (2, 4, 3) and torch.allclose(mixed[0], torch.full((4, 3), 2.0 * (0.5 + 0.5 + 1.5)))
     for sel, shape in (("all", (3, 4, 8)), ("top", (4, 8)), ("average", (4, 8)), ("1,2", (2, 4, 8))):
         assert LayerSelection.parse(sel).shape(3, 4, 8) == shape
 
@@ -175,6 +182,7 @@ def test_token_cache_rows_are_used(loaded, tmp_path):
     emb[2] = 7.0
     store.add_cache(["<S>", "</S>", "cat"], emb)
     layers, n, _ = embed_batch(loaded.model, store, [["the", "cat"]])
+    layers = layers.numpy()
     assert np.all(layers[0, 0, 2] == 7.0) and not np.any(layers[0, 0, 1] == 7.0)
 
 
