@@ -10,7 +10,7 @@ training text: biLM/KN5, set beside the target for that preset and budget (`TARG
 
     python -m benchmarks.bench_quality [--corpus austen ...] [--preset auto laptop] [--minutes 60 ...]
                                        [--out DIR] [--threads 2] [--rows 32 64 ...] [--dropout 0.1 ...]
-                                       [--lr 0.006 ...]
+                                       [--lr 0.006 ...] [--weight-decay 0 ...]
 
 `make bench-quality` runs the 60-minute column: austen-0.2M, austen, kjv and austen+kjv, auto and laptop (eight runs
 of up to an hour, the two on austen-0.2M ending at their pass caps sooner, and the probes, splits and Kneser-Ney
@@ -55,7 +55,8 @@ def target_for(record: dict) -> float | None:
 
 
 # What a run may be asked over its preset's choice: the record's key, the `train` flag, the run directory's suffix.
-ASKED = {"rows": ("--batch-size", "{:g}rows"), "dropout": ("--dropout", "dropout{:g}"), "lr": ("--lr", "lr{:g}")}
+ASKED = {"rows": ("--batch-size", "{:g}rows"), "dropout": ("--dropout", "dropout{:g}"), "lr": ("--lr", "lr{:g}"),
+         "weight_decay": ("--weight-decay", "wd{:g}")}
 
 
 def asked_key(record: dict) -> tuple:
@@ -64,9 +65,9 @@ def asked_key(record: dict) -> tuple:
 
 
 def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, **asked: float | None) -> dict:
-    """One training run, with each of `asked` (rows, dropout, lr; see `ASKED`) given to `train` over the preset's
-    choice where not None; returns its record (best validation over KN5, the auto line, speed, and `asked_rows`,
-    `asked_dropout`, `asked_lr` where given)."""
+    """One training run, with each of `asked` (rows, dropout, lr, weight decay; see `ASKED`) given to `train` over
+    the preset's choice where not None; returns its record (best validation over KN5, the auto line, speed, and
+    `asked_rows`, `asked_dropout`, `asked_lr`, `asked_weight_decay` where given)."""
     asked = {k: v for k, v in asked.items() if v is not None}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     suffix = "".join("-" + ASKED[k][1].format(v) for k, v in asked.items())
@@ -94,6 +95,7 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "shape": f"{config['lstm']['dim']}/{config['lstm']['projection_dim']}",
             "dtype": config["training"]["dtype"], "dropout": config["training"]["dropout"],
             "lr": config["training"]["lr"], "rows": config["training"]["batch_size"],
+            "optimizer": config["training"]["optimizer"], "weight_decay": config["training"]["weight_decay"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
             "cpu": cpu_model(), **isa_cap(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="dropout to train each preset at (over auto's choice); default the preset's")
     parser.add_argument("--lr", nargs="+", type=float, default=[None],
                         help="peak learning rate to train each preset at; default the preset's")
+    parser.add_argument("--weight-decay", nargs="+", type=float, default=[None],
+                        help="weight decay to train each preset at (0: none, over auto's AdamW); default the preset's")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     results = args.out / RESULTS
@@ -149,9 +153,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs = []
         for corpus, info in infos.items():
             data = args.out / "data" / corpus
-            for minutes, preset, rows, dropout, lr in itertools.product(args.minutes, args.preset, args.rows,
-                                                                         args.dropout, args.lr):
-                asked = dict(zip(ASKED, (rows, dropout, lr)))
+            for minutes, preset, *values in itertools.product(args.minutes, args.preset, args.rows, args.dropout,
+                                                              args.lr, args.weight_decay):
+                asked = dict(zip(ASKED, values))
                 if any(asked_key(r) == (corpus, preset, minutes, *asked.values()) for r in done):
                     continue
                 print(f"{corpus}: {info['train_tokens']:,} training tokens; {preset}, {minutes:g} min"
