@@ -7,7 +7,9 @@ and feature:
 
 - `BiLM.embed` (the training LSTM): 2.9e-6 one sentence at a time, 4.1e-6 all 16 in one batch (the 16-core Intel
   Xeon host of an NVIDIA H200 machine, torch 2.11, measured 5.25e-6 for the batch of 16 on 2026-11-26, a run whose
-  output was not saved: that test allows `SMALL_BATCH_WITHIN`);
+  output was not saved; 2 cores of an Intel Xeon of the same model, AVX-512 without bf16, torch 2.13.0+cpu,
+  measured 5.25e-6 one sentence at a time on 2026-11-28 (`make test`'s output, not saved): that test allows
+  `SMALL_BATCH_WITHIN` both ways);
 - the inference kernel (`Embedder`, dump-embeddings) at the default --batch-size 64, and at 8 to 32: 4.77e-6;
 - the inference kernel at --batch-size 1 to 6: 5.72e-6 (`SMALL_BATCH_WITHIN`).
 

@@ -438,8 +438,9 @@ def test_the_probe_trains_at_the_users_batch_and_window(corpus, monkeypatch, no_
 def test_auto_refuses_a_budget_shorter_than_a_validation(corpus, tmp_path):
     _, train_dir, valid_dir = corpus
     r = runner.invoke(app, ["train", "--data", str(train_dir), "--validation", str(valid_dir), "--output",
-                            str(tmp_path / "run"), "--preset", "auto", "--max-time", "2s", "--threads", "1"])
-    _one_line_error(r, "--max-time 2 s is too short", "give at least")
+                            str(tmp_path / "run"), "--preset", "auto", "--max-time", "1s", "--threads", "1"])
+    # 1 s on any machine: the probe alone times at least 1 s of steps (2 s passed on a fast Intel Xeon)
+    _one_line_error(r, "--max-time 1 s is too short", "give at least")
     assert not (tmp_path / "run").exists()
 
 
@@ -520,8 +521,8 @@ def test_every_placement_reference_is_a_recorded_run_of_the_command_it_names(ref
             flags = {t for t in command.split() if t.startswith("--")}
             assert flags <= BENCH_FLAGS, f"{command}: {sorted(flags - BENCH_FLAGS)} is not the command named"
     cpus = {r[4] for r in runs}
-    if ref.machine == "AVX2":
-        assert any("AVX2" in c and "BF16" not in c for c in cpus), cpus
+    if ref.machine in ("AVX2", "AVX-512"):
+        assert any(ref.machine in c and "BF16" not in c for c in cpus), cpus
     else:  # the Zen 4 runs of 2026-11-25 saved "AMD EPYC" alone (bf16 was chosen there, so the CPU had it)
         assert any("AVX512-BF16" in c or c == "AMD EPYC" for c in cpus), cpus
 

@@ -108,9 +108,12 @@ def test_export_keeps_the_vectors_and_onnx_runs_them(tmp_path):
     ids = char_batch(read_chars(tmp_path / "exported" / "chars.json"), sentences)  # (B, T, 51): words last
     assert ids.shape[-1] == 51
     layers = ort.InferenceSession(str(tmp_path / "m.onnx")).run(["layers"], {"char_ids": ids})[0]
-    scale = max(float(np.abs(w).max()) for w in direct)  # this model's values reach 6 (clipped cells, residual)
+    # This model's values reach 6 (clipped cells, residual). onnxruntime's fp32 products sum in another order than
+    # torch's: measured 5.2e-6 x that scale on 2 cores of an Intel Xeon (AVX-512), under 5e-6 x it (the bound
+    # before) on AMD EPYCs.
+    scale = max(float(np.abs(w).max()) for w in direct)
     for b, want in enumerate(direct):
-        assert np.abs(layers[b, :, : want.shape[1]] - want).max() < 5e-6 * scale
+        assert np.abs(layers[b, :, : want.shape[1]] - want).max() < 1e-5 * scale
 
 
 def test_token_cache_and_dump_with_it(tmp_path):
