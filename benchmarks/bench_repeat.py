@@ -38,7 +38,7 @@ from pathlib import Path
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.loading import load_model
 model, warm, text, out = map(Path, sys.argv[1:5])
-layers, dtype = (sys.argv[5:7] + ["all", "float32"][len(sys.argv[5:7]):])  # optional: --layers, --dtype
+layers, dtype = sys.argv[5:7]
 loaded = load_model(model, device="cpu")
 dump_embeddings(loaded, warm, out, batch_size=64, force=True, layers=layers, dtype=dtype)
 start = time.perf_counter()

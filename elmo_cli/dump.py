@@ -200,17 +200,13 @@ class _Window:
             h5dump.create_line_dataset(self.line_group, i, self.select.shape(L1, len(toks), D), self.dtype,
                                        self.compression)
         batches = self.batches(items)
-        pending = None
+        pending: list[_Batch] = []  # embedded, not yet written: on a GPU, the batch still computing
         for batch in batches:
-            launched = self._embed(items, batch)
-            if pending is not None:
-                self._write_batch(items, pending, report)
-            pending = launched
-            if self.device.type != "cuda":  # nothing runs beside the host: write it now
-                self._write_batch(items, pending, report)
-                pending = None
-        if pending is not None:
-            self._write_batch(items, pending, report)
+            pending.append(self._embed(items, batch))
+            if self.device.type != "cuda" or len(pending) == 2:  # a CPU writes at once, a GPU the batch before
+                self._write_batch(items, pending.pop(0), report)
+        for done in pending:
+            self._write_batch(items, done, report)
         h5dump.mark_completed(self.f, end, self.saved_states() if self.stateful else None)
         if not batches:  # a window of blank or repeated lines only: the progress still moves
             report()
