@@ -14,8 +14,10 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
    few times needs little, one that sees it fifty times needs much.
-4. A budget worth `DECAY_FROM_EPOCHS` passes or more trains with AdamW and decoupled weight decay
-   (`WEIGHT_DECAY`): measured at 15 passes it gains 1.4-2.4% of held-out perplexity; in shorter runs it trails.
+4. A budget that takes the run near the passes the corpus bears (`decay_from`: `DECAY_CAP_SHARE` of the cap of
+   5., and never under `DECAY_FROM_EPOCHS`) trains with AdamW and decoupled weight decay (`WEIGHT_DECAY`): where
+   the model has stopped improving (15 passes over 0.2M tokens) it gains 1.4-2.4% of held-out perplexity; where it
+   is still improving it holds the run back (19 passes over 0.92M tokens: 4.1% worse at the end).
 5. A time budget worth more passes than the corpus bears (`max_epochs`: 12 up to 130k tokens, then growing with
    the square root of its size: 15 at 0.2M) ends the run after that many, with the schedule laid over them: more
    overfit it.
@@ -63,7 +65,8 @@ MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
 EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape an hour would get
 # (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
 DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
-DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes; Adam below
+DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes at least; Adam below
+DECAY_CAP_SHARE = 0.8  # ... and from this share of the corpus's pass cap (max_epochs)
 WEIGHT_DECAY = 0.2
 # Rule 7 (a GPU's rows): a doubling that buys ROWS_GAIN more text a second at a quarter fewer updates. At equal time
 # on the CPU (docs/auto.md, "Batch rows at equal time"), 64 rows' text was worth 0.79 of 32 rows' (break-even at
@@ -135,6 +138,13 @@ def max_epochs(train_tokens: int) -> float:
     peaks near 12-15 passes, then overfits even with dropout 0.4 and weight decay: 15 passes beat 30); past 12 it
     grows with the square root of the corpus: 12 passes at 32k tokens, 15 at 0.2M, 30 at 0.8M."""
     return max(MIN_CAP_EPOCHS, round(math.sqrt(train_tokens) / SQRT_TOKENS_PER_PASS, 1))
+
+
+def decay_from(train_tokens: int) -> float:
+    """The expected passes from which a run trains with weight decay: 12 up to 0.2M tokens, then 0.8 of the pass
+    cap (24 at 0.8M). Decay helped where the model had stopped improving (15 passes over 0.2M tokens, the cap)
+    and held back one still improving (19 passes over 0.92M, 0.6 of its cap): docs/auto.md, rule 4."""
+    return max(DECAY_FROM_EPOCHS, round(DECAY_CAP_SHARE * max_epochs(train_tokens), 1))
 
 
 def probe_seconds(budget_seconds: float) -> float:
@@ -251,7 +261,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
     dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
-    decay = WEIGHT_DECAY if epochs >= DECAY_FROM_EPOCHS else 0.0
+    decay = WEIGHT_DECAY if epochs >= decay_from(facts.train_tokens) else 0.0
     # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))

@@ -177,7 +177,7 @@ class Reference:
 # virtual machine shows neither AVX512-BF16 nor AMX), where every shape trains in fp32.
 AVX2, AVX512, BF16 = "AVX2", "AVX-512", "AVX-512 BF16"
 AUTO_RUNS, LAPTOP_60M, LAPTOP_2H = ("auto-2026-11-25.jsonl", "laptop-austen-60m.json", "laptop-austen-2h.json")
-HELDOUT_RUNS = "heldout-2026-11-27.jsonl"
+HELDOUT_RUNS, HELDOUT_XEON = "heldout-2026-11-27.jsonl", "heldout-2026-11-28.jsonl"
 REFERENCES = (
     Reference("Austen", 205_391, 15, "laptop", 0.721, BF16, AUTO_RUNS),
     Reference("Austen", 205_391, 15, "auto", 0.722, BF16, AUTO_RUNS),
@@ -212,9 +212,10 @@ REFERENCES = (
     Reference("State of the Union addresses", 915_556, 60, "laptop", 0.774, AVX2, HELDOUT_RUNS),
     Reference("Tang poems (SentencePiece)", 1_050_948, 60, "auto", 0.570, AVX2, HELDOUT_RUNS),
     Reference("Tang poems (SentencePiece)", 1_050_948, 60, "laptop", 0.626, AVX2, HELDOUT_RUNS),
-    # The addresses on 2 cores of an Intel Xeon (family 6 model 207) showing AVX-512 without bf16 instructions.
-    Reference("State of the Union addresses", 915_556, 60, "auto", 0.657, AVX512, HELDOUT_RUNS),
-    Reference("State of the Union addresses", 915_556, 60, "laptop", 0.656, AVX512, HELDOUT_RUNS),
+    # The addresses on 2 cores of an Intel Xeon (family 6 model 207) showing AVX-512 without bf16 instructions:
+    # `auto` as the present rule trains it there (no weight decay at 19 passes), `laptop` with nothing beside it.
+    Reference("State of the Union addresses", 915_556, 60, "auto", 0.630, AVX512, HELDOUT_XEON),
+    Reference("State of the Union addresses", 915_556, 60, "laptop", 0.647, AVX512, HELDOUT_XEON),
 )
 IN_LINE = 0.02  # ratios this close to a measured one are "in line with" it
 

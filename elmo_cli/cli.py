@@ -268,7 +268,7 @@ def cli_train(
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: decoupled with "
                                                                               "--optimizer adamw, L2 with adam "
                                                                               "(default: 0; --preset auto: 0.2 with "
-                                                                              "adamw from 12 passes).",
+                                                                              "adamw near the pass cap).",
                                                 min=0.0),
     average: Optional[float] = typer.Option(None, "--average", help="Validate and write a moving average of the "
                                                                     "weights over this last fraction of the run, "

@@ -83,20 +83,31 @@ def test_past_the_cap_a_longer_budget_trains_the_same_run(no_bf16):
     assert auto.max_epochs(32_000) == 12.0 and auto.max_epochs(825_573) == 30.3
 
 
-def test_weight_decay_from_twelve_expected_passes(no_bf16):
+def test_weight_decay_where_the_run_nears_the_passes_its_corpus_bears(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1800.0})
-    # 1,800 tokens/s x 2 h / 825k tokens = 15.7 passes: AdamW with decoupled weight decay, and the line says so
-    long = choose(facts(tokens=825_573, budget=7200), measure)
-    assert (long.config.training.optimizer, long.config.training.weight_decay) == ("adamw", 0.2)
-    assert "dropout 0.3, AdamW decay 0.2, 1,024 negatives: 1,800 tokens/s measured x 2 h = 15.7 passes" \
-        in long.reason
-    # an hour of the same: 7.9 passes, where weight decay trails: laptop's Adam without it
-    hour = choose(facts(tokens=825_573, budget=3600), measure)
-    assert (hour.config.training.optimizer, hour.config.training.weight_decay) == ("adam", 0.0)
-    assert "AdamW" not in hour.reason
-    # an epoch budget decides by the epochs asked for
-    asked = choose(facts(budget=0.0, epochs=12.0), measure)
+    # 0.2M tokens: the cap is 15.1 passes and decay starts at 12 (0.8 x 15.1 = 12.1); 1,800 tokens/s x 25 min
+    # = 13.1 passes: AdamW with decoupled weight decay, and the line says so
+    assert auto.decay_from(205_391) == 12.1 and auto.decay_from(32_000) == 12.0
+    small = choose(facts(tokens=205_391, budget=1500, vocab=5116, sentences=9000), measure)
+    assert (small.config.training.optimizer, small.config.training.weight_decay) == ("adamw", 0.2)
+    assert "dropout 0.3, AdamW decay 0.2, 1,024 negatives: 1,800 tokens/s measured x 25 min = 13.1 passes" \
+        in small.reason
+    # 10 min of the same: 5.3 passes, where weight decay trails: laptop's Adam without it
+    short = choose(facts(tokens=205_391, budget=600, vocab=5116, sentences=9000), measure)
+    assert (short.config.training.optimizer, short.config.training.weight_decay) == ("adam", 0.0)
+    assert "AdamW" not in short.reason
+    # 0.83M tokens: 15.7 passes in 2 h is past 12 but far from the cap of 30.3, where the model still improves
+    # (0.92M tokens, 19 passes: the decay held it back): Adam; 4 h, 31.4 passes, past 0.8 x 30.3 = 24.2: AdamW
+    assert auto.decay_from(825_573) == 24.2
+    two = choose(facts(tokens=825_573, budget=7200), measure)
+    assert two.expected_epochs == pytest.approx(15.7, abs=0.05) and two.config.training.optimizer == "adam"
+    assert "AdamW" not in two.reason
+    four = choose(facts(tokens=825_573, budget=4 * 3600), measure)
+    assert (four.config.training.optimizer, four.config.training.weight_decay) == ("adamw", 0.2)
+    # an epoch budget decides by the epochs asked for, against the same bound
+    asked = choose(facts(tokens=205_391, budget=0.0, epochs=13.0, vocab=5116, sentences=9000), measure)
     assert asked.config.training.optimizer == "adamw" and "AdamW decay 0.2" in asked.reason
+    assert choose(facts(tokens=825_573, budget=0.0, epochs=20.0), measure).config.training.optimizer == "adam"
 
 
 def test_a_larger_shape_that_would_see_its_text_under_half_as_often_is_not_taken(no_bf16):
@@ -202,7 +213,7 @@ def test_on_the_h200s_rates_a_large_corpus_gets_hundreds_of_rows_in_bf16(monkeyp
         (SMALL.name, "fp32", 512)] + [(LARGE.name, "bf16", r) for r in (32, 64, 128, 256, 512)] + [
         (LARGE.name, "fp32", 256)]
     assert (choice.shape, choice.config.training.dtype, choice.config.training.batch_size) == (LARGE.name, "bf16", 256)
-    assert choice.reason == ("auto: LSTM 1024/256, bf16, 256 rows, dropout 0.4, AdamW decay 0.2, 1,024 negatives: "
+    assert choice.reason == ("auto: LSTM 1024/256, bf16, 256 rows, dropout 0.4, 1,024 negatives: "
                              "140,089 tokens/s measured x 60 min = 25.2 passes over 20.00M tokens; 512 rows would "
                              "buy 1.19x (< 1.5x)")
     assert [p.rows for p in choice.probes] == [k[2] for k in measure.seen]
