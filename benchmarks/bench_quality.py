@@ -10,7 +10,7 @@ training text: biLM/KN5, set beside the target for that preset and budget (`TARG
 
     python -m benchmarks.bench_quality [--corpus austen ...] [--preset auto laptop] [--minutes 60 ...]
                                        [--out DIR] [--threads 2] [--rows 32 64 ...] [--dropout 0.1 ...]
-                                       [--lr 0.006 ...] [--weight-decay 0 ...]
+                                       [--lr 0.006 ...] [--weight-decay 0 ...] [--shape 1024/256 ...]
 
 `make bench-quality` runs the 60-minute column: austen-0.2M, austen, kjv and austen+kjv, auto and laptop (eight runs
 of up to an hour, the two on austen-0.2M ending at their pass caps sooner, and the probes, splits and Kneser-Ney
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from benchmarks.corpora import CORPORA, MissingCorpus, prepare
 from benchmarks.results import Recording, commit, cpu_model
+from elmo_cli.presets import MODEL_SHAPES
 
 RESULTS = "quality.jsonl"
 DEFAULT_CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv")
@@ -56,7 +57,25 @@ def target_for(record: dict) -> float | None:
 
 # What a run may be asked over its preset's choice: the record's key, the `train` flag, the run directory's suffix.
 ASKED = {"rows": ("--batch-size", "{:g}rows"), "dropout": ("--dropout", "dropout{:g}"), "lr": ("--lr", "lr{:g}"),
-         "weight_decay": ("--weight-decay", "wd{:g}")}
+         "weight_decay": ("--weight-decay", "wd{:g}"), "shape": ("--config", "{}")}
+
+
+def shape_config(shape: str, run_dir: Path) -> Path:
+    """A `--config` file in `run_dir` holding the model shape `shape` (a key of `MODEL_SHAPES`, e.g. "1024/256"),
+    which `train` lays over its preset's (or `auto`'s) choice of model; training settings stay the preset's."""
+    from elmo_cli.presets import MODEL_SHAPES
+
+    path = run_dir.parent / f"{run_dir.name}-shape.json"
+    path.write_text(json.dumps(MODEL_SHAPES[shape].to_options(), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def _flag_value(key: str, value, run_dir: Path) -> str:
+    return str(shape_config(value, run_dir)) if key == "shape" else f"{value:g}"
+
+
+def _suffix(key: str, value) -> str:
+    return ASKED[key][1].format(value.replace("/", "-") if key == "shape" else value)
 
 
 def asked_key(record: dict) -> tuple:
@@ -64,18 +83,20 @@ def asked_key(record: dict) -> tuple:
     return (record["corpus"], record["preset"], record["minutes"], *(record.get(f"asked_{k}") for k in ASKED))
 
 
-def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path, **asked: float | None) -> dict:
-    """One training run, with each of `asked` (rows, dropout, lr, weight decay; see `ASKED`) given to `train` over
-    the preset's choice where not None; returns its record (best validation over KN5, the auto line, speed, and
-    `asked_rows`, `asked_dropout`, `asked_lr`, `asked_weight_decay` where given)."""
+def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path,
+        **asked: float | str | None) -> dict:
+    """One training run, with each of `asked` (rows, dropout, lr, weight decay, model shape; see `ASKED`) given to
+    `train` over the preset's choice where not None; returns its record (best validation over KN5, the auto line,
+    speed, and `asked_rows`, `asked_dropout`, `asked_lr`, `asked_weight_decay`, `asked_shape` where given)."""
     asked = {k: v for k, v in asked.items() if v is not None}
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    suffix = "".join("-" + ASKED[k][1].format(v) for k, v in asked.items())
+    suffix = "".join("-" + _suffix(k, v) for k, v in asked.items())
     run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{suffix}-{stamp}"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-c", "from elmo_cli.cli import app; app()", "train", "--data", str(data / "train"),
            "--validation", str(data / "heldout"), "--output", str(run_dir), "--preset", preset, "--max-time",
            f"{minutes}m", "--threads", str(threads),
-           *[a for k, v in asked.items() for a in (ASKED[k][0], f"{v:g}")]]
+           *[a for k, v in asked.items() for a in (ASKED[k][0], _flag_value(k, v, run_dir))]]
     start = time.monotonic()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     seconds = time.monotonic() - start
@@ -136,6 +157,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="peak learning rate to train each preset at; default the preset's")
     parser.add_argument("--weight-decay", nargs="+", type=float, default=[None],
                         help="weight decay to train each preset at (0: none, over auto's AdamW); default the preset's")
+    parser.add_argument("--shape", nargs="+", default=[None], choices=[None, *MODEL_SHAPES],
+                        help="model shape to train each preset at, e.g. 1024/256 (over auto's choice; auto's dropout "
+                             "stays the one it chose for its own shape unless --dropout is given); default the preset's")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     results = args.out / RESULTS
@@ -154,12 +178,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for corpus, info in infos.items():
             data = args.out / "data" / corpus
             for minutes, preset, *values in itertools.product(args.minutes, args.preset, args.rows, args.dropout,
-                                                              args.lr, args.weight_decay):
+                                                              args.lr, args.weight_decay, args.shape):
                 asked = dict(zip(ASKED, values))
                 if any(asked_key(r) == (corpus, preset, minutes, *asked.values()) for r in done):
                     continue
                 print(f"{corpus}: {info['train_tokens']:,} training tokens; {preset}, {minutes:g} min"
-                      + "".join(f", {k} {v:g}" for k, v in asked.items() if v is not None) + " ...", flush=True)
+                      + "".join(f", {k} {v}" for k, v in asked.items() if v is not None) + " ...", flush=True)
                 record = run(data, info, preset, minutes, args.threads, args.out, **asked)
                 with open(results, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
