@@ -66,6 +66,7 @@ def shape_config(shape: str, run_dir: Path) -> Path:
     from elmo_cli.presets import MODEL_SHAPES
 
     path = run_dir.parent / f"{run_dir.name}-shape.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(MODEL_SHAPES[shape].to_options(), indent=1) + "\n", encoding="utf-8")
     return path
 
@@ -92,7 +93,6 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     suffix = "".join("-" + _suffix(k, v) for k, v in asked.items())
     run_dir = out / "runs" / f"{info['corpus']}-{preset}-{minutes:g}m{suffix}-{stamp}"
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-c", "from elmo_cli.cli import app; app()", "train", "--data", str(data / "train"),
            "--validation", str(data / "heldout"), "--output", str(run_dir), "--preset", preset, "--max-time",
            f"{minutes}m", "--threads", str(threads),

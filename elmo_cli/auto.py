@@ -9,7 +9,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    taken when it still gets `MIN_EPOCHS` and at least `MIN_PASS_SHARE` of the passes of the shape below it (the
    smallest always qualifies); the probe stops at the first that does not. A larger model learns more per token,
    but not enough to make up for seeing its text under half as often: the hours it lost had a share of 0.43 or
-   less (fp32 against the smaller shape), those it won 0.50 or more (bf16 on AVX-512 BF16 CPUs): docs/auto.md.
+   less (fp32 against the smaller shape; 0.33 an hour on an Intel Xeon, 7.6% behind), those it won 0.50 or more
+   (bf16 on AVX-512 BF16 CPUs): docs/auto.md. Each shape's passes are those of its fastest step, compiled where
+   8. keeps that: the smaller shape's compiled step is weighed against the larger one's.
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
@@ -30,10 +32,13 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    cap in the budget (past it more rows only end the run sooner, with fewer updates); fp32 is then probed at the
    rows kept and taken unless bf16 is `BF16_GAIN` times faster. There a step at 32 rows waits on kernel launches,
    not arithmetic, and bf16's doublings kept paying after fp32's stopped (an H200: docs/auto.md, "On a GPU").
-8. On a CPU with a C++ compiler and a time budget of `COMPILE_FROM_SECONDS` or more, the chosen configuration is
-   probed once more eagerly (the better of its two eager rates counts) and once with its LSTM loops compiled (`training.compile`, elmo_cli/compiled.py; the probe pays the
-   compilation, about 2 minutes, and the run reuses it) and compiled when that is `COMPILE_GAIN` times faster;
-   the passes are then counted at the compiled rate over the budget left. `--no-compile` keeps it eager.
+8. On a CPU with a C++ compiler and a time budget of `COMPILE_FROM_SECONDS` or more, each shape that 1. weighs is
+   probed once more eagerly (the better of its two eager rates counts) and once with its LSTM loops compiled
+   (`training.compile`, elmo_cli/compiled.py; the probe pays the compilation, about 2 minutes, and the run reuses
+   it) and compiled when that is `COMPILE_GAIN` times faster; its passes are then counted at the compiled rate over
+   the budget left. A larger shape whose eager rate already falls under 1.'s share of the smaller one's fastest is
+   not compiled: the compiled step gained less for the larger shape wherever both were measured. `--no-compile`
+   keeps every step eager.
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
@@ -223,8 +228,31 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             best = (dtype, bf16 if dtype == "bf16" else fp32, best[2])
         return best
 
-    chosen: tuple[Shape, str, float, int] | None = None
-    below = 0.0  # the passes (up to the cap) of the shape taken so far
+    compile_here = (facts.compile and facts.budget_seconds >= COMPILE_FROM_SECONDS
+                    and not facts.device.startswith("cuda"))
+
+    def at_best(shape: Shape, dtype: str, rate: float, rows: int) -> tuple[float, bool, float, float]:
+        """(tokens/s, compiled, eager tokens/s, seconds the kept compiled probe took) of a shape at its fastest
+        step: rule 8's compiled probe, where it applies, beside its eager step probed again just before it."""
+        if not compile_here:
+            return rate, False, rate, 0.0
+        config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows,
+                                                                                      device=facts.device)
+        # The eager step again, just before: a process's first probe can read far under its speed (868 tokens/s
+        # against a run's 1,500 on 2 Zen 1 cores, docs/auto.md), which would credit the compilation with it.
+        eager = max(rate, measure(config, seconds))
+        probes.append(Probe(shape.name, dtype, eager, rows))
+        start = time.monotonic()
+        compiled_rate = measure(config.with_training(compile=True), seconds)
+        took = time.monotonic() - start
+        probes.append(Probe(shape.name, dtype, compiled_rate, rows, compiled=True))
+        if compiled_rate >= COMPILE_GAIN * eager:
+            return compiled_rate, True, eager, took
+        return eager, False, eager, 0.0
+
+    # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds) of the shape taken so far
+    chosen: tuple[Shape, str, float, int, bool, float, float] | None = None
+    below = 0.0  # the passes (up to the cap) of the shape taken so far, at its fastest step
     refused = ""
     for shape in LADDER:
         dtype, rate, rows = fastest(shape)
@@ -235,28 +263,24 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if chosen is not None and passes < MIN_EPOCHS:
             refused = f"; {shape.name} would get {passes:.1f} (< {MIN_EPOCHS:g})"
             break
+        # A larger shape is weighed at its eager rate against the smaller one's fastest first (the compiled step
+        # gained less for the larger shape in every measurement), then at its own fastest.
         if chosen is not None and min(passes, cap) < MIN_PASS_SHARE * below:
             refused = (f"; {shape.name} would get {passes:.1f} (< {MIN_PASS_SHARE:g} x {chosen[0].name}'s "
                        f"{below:.1f})")
             break
-        chosen, below = (shape, dtype, rate, rows), min(passes, cap)
+        rate, compiled, eager_rate, took = at_best(shape, dtype, rate, rows)
+        passes = rate * max(budget - took, 1.0) / facts.train_tokens
+        if chosen is not None and min(passes, cap) < MIN_PASS_SHARE * below:
+            refused = (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< "
+                       f"{MIN_PASS_SHARE:g} x {chosen[0].name}'s {below:.1f})")
+            break
+        chosen, below = (shape, dtype, rate, rows, compiled, eager_rate, took), min(passes, cap)
         if passes < MIN_EPOCHS:  # a larger shape is slower still
             break
-    shape, dtype, rate, rows = chosen
-    compiled, eager_rate = False, rate
-    if facts.compile and facts.budget_seconds >= COMPILE_FROM_SECONDS and not facts.device.startswith("cuda"):
-        config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows,
-                                                                                      device=facts.device)
-        # The eager step again, just before: a process's first probe can read far under its speed (868 tokens/s
-        # against a run's 1,500 on 2 Zen 1 cores, docs/auto.md), which would credit the compilation with it.
-        rate = eager_rate = max(rate, measure(config, seconds))
-        probes.append(Probe(shape.name, dtype, eager_rate, rows))
-        start = time.monotonic()
-        compiled_rate = measure(config.with_training(compile=True), seconds)
-        probes.append(Probe(shape.name, dtype, compiled_rate, rows, compiled=True))
-        if compiled_rate >= COMPILE_GAIN * rate:
-            compiled, rate = True, compiled_rate
-            budget = max(budget - (time.monotonic() - start), 1.0)  # the compilation's minutes are the budget's
+    shape, dtype, rate, rows, compiled, eager_rate, took = chosen
+    if compiled:
+        budget = max(budget - took, 1.0)  # the compilation's minutes are the budget's
     budget_epochs = rate * budget / facts.train_tokens
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
