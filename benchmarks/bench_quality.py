@@ -63,8 +63,6 @@ ASKED = {"rows": ("--batch-size", "{:g}rows"), "dropout": ("--dropout", "dropout
 def shape_config(shape: str, run_dir: Path) -> Path:
     """A `--config` file in `run_dir` holding the model shape `shape` (a key of `MODEL_SHAPES`, e.g. "1024/256"),
     which `train` lays over its preset's (or `auto`'s) choice of model; training settings stay the preset's."""
-    from elmo_cli.presets import MODEL_SHAPES
-
     path = run_dir.parent / f"{run_dir.name}-shape.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(MODEL_SHAPES[shape].to_options(), indent=1) + "\n", encoding="utf-8")
