@@ -250,6 +250,13 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             return compiled_rate, True, eager, took
         return eager, False, eager, 0.0
 
+    def short_of_share(shape: Shape, passes: float, compiled: bool) -> str:
+        """The line's clause refusing `shape` at `passes` under `MIN_PASS_SHARE` of the shape taken, else ""."""
+        if chosen is None or min(passes, cap) >= MIN_PASS_SHARE * below:
+            return ""
+        return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
+                f"{chosen[0].name}'s {below:.1f})")
+
     # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds) of the shape taken so far
     chosen: tuple[Shape, str, float, int, bool, float, float] | None = None
     below = 0.0  # the passes (up to the cap) of the shape taken so far, at its fastest step
@@ -265,15 +272,13 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             break
         # A larger shape is weighed at its eager rate against the smaller one's fastest first (the compiled step
         # gained less for the larger shape in every measurement), then at its own fastest.
-        if chosen is not None and min(passes, cap) < MIN_PASS_SHARE * below:
-            refused = (f"; {shape.name} would get {passes:.1f} (< {MIN_PASS_SHARE:g} x {chosen[0].name}'s "
-                       f"{below:.1f})")
+        refused = short_of_share(shape, passes, False)
+        if refused:
             break
         rate, compiled, eager_rate, took = at_best(shape, dtype, rate, rows)
         passes = rate * max(budget - took, 1.0) / facts.train_tokens
-        if chosen is not None and min(passes, cap) < MIN_PASS_SHARE * below:
-            refused = (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< "
-                       f"{MIN_PASS_SHARE:g} x {chosen[0].name}'s {below:.1f})")
+        refused = short_of_share(shape, passes, compiled)
+        if refused:
             break
         chosen, below = (shape, dtype, rate, rows, compiled, eager_rate, took), min(passes, cap)
         if passes < MIN_EPOCHS:  # a larger shape is slower still
