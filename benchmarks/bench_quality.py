@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks.corpora import CORPORA, MissingCorpus, prepare
-from benchmarks.results import Recording, commit, cpu_model
+from benchmarks.results import Recording, commit, cpu_model, isa_caps
 from elmo_cli.presets import MODEL_SHAPES
 
 RESULTS = "quality.jsonl"
@@ -117,14 +117,8 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "optimizer": config["training"]["optimizer"], "weight_decay": config["training"]["weight_decay"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
-            "cpu": cpu_model(), **isa_cap(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
+            "cpu": cpu_model(), **isa_caps(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
             **{f"asked_{k}": v for k, v in asked.items()}}
-
-
-def isa_cap() -> dict:
-    """``{"onednn_max_cpu_isa": ...}`` where oneDNN (bf16 products on a CPU) was held to an instruction set."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
-    return {"onednn_max_cpu_isa": cap} if cap else {}
 
 
 def table(records: list[dict]) -> str:

@@ -138,12 +138,22 @@ def machine(threads: int) -> dict:
              "python": platform.python_version()}
     if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):
         facts["cpus_allowed"] = sorted(os.sched_getaffinity(0))  # pinned (taskset) to these
-    if os.environ.get("ONEDNN_MAX_CPU_ISA"):  # oneDNN (torch's bf16 products on a CPU) held to this instruction set
-        facts["onednn_max_cpu_isa"] = os.environ["ONEDNN_MAX_CPU_ISA"]
+    facts.update(isa_caps())
     if torch.cuda.is_available():
         facts.update(gpu=torch.cuda.get_device_name(), gpus=torch.cuda.device_count(), cuda=torch.version.cuda,
                      driver=gpu_driver())
     return facts
+
+
+# The variables that hold a library to an instruction set below the CPU's own: ATen's vectorised kernels and
+# Inductor's generated C++ (ATEN_CPU_CAPABILITY), MKL's matrix products, oneDNN's (bf16) products. All three at
+# AVX2 run an AVX-512 CPU as an AVX2-only one would be run.
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
+def isa_caps() -> dict[str, str]:
+    """``{"onednn_max_cpu_isa": "AVX2", ...}``: each of `ISA_CAPS` set in this process's environment, lower-cased."""
+    return {name.lower(): os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
 
 
 def gpu_driver() -> str | None:
