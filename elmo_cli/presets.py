@@ -34,6 +34,7 @@ SMALL_CNN = CharCNNConfig(filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highw
 # published ones (its 2,048-filter CNN; `small`, `medium`, `original`).
 MODEL_SHAPES: dict[str, ModelConfig] = {
     "512/128": _shape(512, 128, SMALL_CNN),
+    "768/192": _shape(768, 192, SMALL_CNN),
     "1024/256": _shape(1024, 256, SMALL_CNN),
     "small": _shape(1024, 128, CharCNNConfig(filters=PUBLISHED_FILTERS, n_highway=1)),
     "medium": _shape(2048, 256, CharCNNConfig(filters=PUBLISHED_FILTERS, n_highway=1)),
