@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python -m benchmarks.bench_probe", *argv])
     if args.trace > 0:
         return trace_probes(data, base, negatives, dtypes, args, command)
-    with Recording("probe", command, args.threads) as rec:
+    with Recording("probe", command, args.threads, args.label) as rec:
         cells = [(shape, dtype, rows) for shape in auto.LADDER for dtype in dtypes for rows in args.rows]
         rates: dict[tuple[str, str, int], list[float]] = {}
         for repeat in range(args.repeats):
@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> None:
             key = f"{name} {dtype}" + ("" if rows == 32 else f" {rows} rows")
             rec.figures[key] = {"tokens_per_s_median": round(median[(name, dtype, rows)]),
                                 "tokens_per_s_min": round(min(r)), "runs": [round(x) for x in r]}
-        small, large = (s.name for s in auto.LADDER)
+        small = auto.LADDER[0].name
         for dtype in dtypes:
-            if 32 in args.rows:
-                rec.figures[f"{large} over {small}, {dtype}"] = round(median[(large, dtype, 32)] /
-                                                                     median[(small, dtype, 32)], 2)
+            for larger in (s.name for s in auto.LADDER[1:] if 32 in args.rows):
+                rec.figures[f"{larger} over {small}, {dtype}"] = round(median[(larger, dtype, 32)] /
+                                                                      median[(small, dtype, 32)], 2)
             for s in auto.LADDER:
                 for rows in args.rows:
                     if rows != 32 and 32 in args.rows:
