@@ -31,7 +31,8 @@ def _shape(dim: int, proj: int, cnn: CharCNNConfig) -> ModelConfig:
 SMALL_CNN = CharCNNConfig(filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1)
 
 # Every model shape a preset or `--preset auto` trains, by name: the CPU shapes (the small char CNN) and bilm-tf's
-# published ones (its 2,048-filter CNN; `small`, `medium`, `original`).
+# published ones (its 2,048-filter CNN; `small`, `medium`, `original`). `768/192` is the middle rung measured for
+# auto's ladder and left off it (docs/auto.md); `bench_quality --shape 768/192` trains it.
 MODEL_SHAPES: dict[str, ModelConfig] = {
     "512/128": _shape(512, 128, SMALL_CNN),
     "768/192": _shape(768, 192, SMALL_CNN),
