@@ -705,3 +705,20 @@ def test_the_benchmark_trains_a_preset_at_another_shape_by_a_config_file(tmp_pat
     assert merged.model == MODEL_SHAPES["1024/256"]
     assert (merged.model.lstm.dim, merged.model.lstm.projection_dim) == (1024, 256)
     assert merged.training == laptop.training
+
+
+def test_a_benchmarks_machine_names_each_instruction_set_cap_in_force(monkeypatch):
+    """An AVX-512 CPU run as an AVX2-only one (docs/auto.md, "That CPU held to AVX2 instructions") must say so in
+    every results file: ATen/Inductor, MKL and oneDNN caps, each as set; none when none is set."""
+    from benchmarks.results import ISA_CAPS, machine
+
+    for name in ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    assert not any(key in machine(2) for key in ("aten_cpu_capability", "mkl_enable_instructions",
+                                                 "onednn_max_cpu_isa"))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    facts = machine(2)
+    assert (facts["aten_cpu_capability"], facts["mkl_enable_instructions"], facts["onednn_max_cpu_isa"]) == (
+        "avx2", "AVX2", "AVX2")
