@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                                 "tokens_per_s_min": round(min(r)), "runs": [round(x) for x in r]}
         small = auto.LADDER[0].name
         for dtype in dtypes:
-            for larger in (s.name for s in auto.LADDER[1:] if 32 in args.rows):
+            for larger in (s.name for s in auto.LADDER[1:]) if 32 in args.rows else ():
                 rec.figures[f"{larger} over {small}, {dtype}"] = round(median[(larger, dtype, 32)] /
                                                                       median[(small, dtype, 32)], 2)
             for s in auto.LADDER:
