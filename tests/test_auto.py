@@ -632,7 +632,8 @@ def test_on_a_cpu_with_a_compiler_an_hour_probes_the_compiled_step_and_counts_it
     choice = choose(dataclasses.replace(facts(tokens=920_000, budget=3600), compile=True), measure)
     assert choice.shape == SMALL.name and choice.config.training.compile
     assert [(p.shape, p.compiled) for p in choice.probes] == [(SMALL.name, False), (SMALL.name, False),
-                                                              (SMALL.name, True), (LARGE.name, False)]
+                                                              (SMALL.name, True), (SMALL.name, False),
+                                                              (LARGE.name, False)]
     assert choice.tokens_per_s == pytest.approx(1400 * 1.36)
     assert choice.expected_epochs == pytest.approx(1400 * 1.36 * 3600 / 920_000, rel=1e-3)  # 7.5 passes, not 5.5
     assert choice.config.training.dropout == 0.1
@@ -654,7 +655,7 @@ def test_compiling_is_not_probed_under_20_minutes_nor_kept_below_its_gain_nor_wi
 def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_before_it(no_bf16):
     # the process's first probe read 868 tokens/s, the eager step runs 1,500: against 868, 1,658 compiled looked
     # 1.9x; against the eager step probed again it is 1.11x
-    first = iter([868.0, 1500.0])
+    first = iter([868.0, 1500.0, 1480.0])
 
     def measure(config, seconds):
         lstm = config.model.lstm
@@ -662,8 +663,25 @@ def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_b
             return 500.0
         return 1658.0 if config.training.compile else next(first)
     choice = choose(dataclasses.replace(facts(tokens=500_000, budget=3600), compile=True), measure)
-    assert [round(p.tokens_per_s) for p in choice.probes] == [868, 1500, 1658, 500]
+    assert [round(p.tokens_per_s) for p in choice.probes] == [868, 1500, 1658, 1480, 500]
     assert choice.config.training.compile and "(compiled; eager 1,500)" in choice.reason
+
+
+def test_a_compiled_gain_is_checked_against_the_eager_step_probed_once_more_after_it(no_bf16):
+    # the addresses' hour on an Intel Xeon held to AVX2, 2026-11-28: both eager probes read 2,567 tokens/s, the
+    # compiled one 2,922 (1.14x), and the run trained at 2,916 compiled, where laptop's eager hour trained at 3,179
+    eager_reads = iter([2567.0, 2567.0, 3179.0])
+
+    def measure(config, seconds):
+        lstm = config.model.lstm
+        if (lstm.dim, lstm.projection_dim) == (1024, 256):
+            return 1200.0
+        return 2922.0 if config.training.compile else next(eager_reads)
+    choice = choose(dataclasses.replace(facts(tokens=915_556, budget=3600), compile=True), measure)
+    assert [(p.shape, p.compiled, round(p.tokens_per_s)) for p in choice.probes][:4] == [
+        (SMALL.name, False, 2567), (SMALL.name, False, 2567), (SMALL.name, True, 2922), (SMALL.name, False, 3179)]
+    assert not choice.config.training.compile and choice.tokens_per_s == 3179.0
+    assert "auto: LSTM 512/128, fp32, dropout 0.3" in choice.reason and "compiled" not in choice.reason
 
 
 def test_the_larger_shape_is_weighed_against_the_smaller_ones_compiled_step(no_bf16):
@@ -679,7 +697,8 @@ def test_the_larger_shape_is_weighed_against_the_smaller_ones_compiled_step(no_b
     choice = choose(hour, measure)
     assert choice.shape == SMALL.name and choice.config.training.compile
     assert [(p.shape, p.compiled) for p in choice.probes] == [(SMALL.name, False), (SMALL.name, False),
-                                                              (SMALL.name, True), (LARGE.name, False)]
+                                                              (SMALL.name, True), (SMALL.name, False),
+                                                              (LARGE.name, False)]
     assert "; LSTM 1024/256 would get 6.6 (< 0.45 x LSTM 512/128's 18.8)" in choice.reason
     # where the larger shape's eager rate holds the share, it is probed compiled too and weighed at its best
     closer = choose(hour, lambda config, seconds: {(1024, 256): 2400.0}.get(

@@ -4,10 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elmo_cli.bilm_format import model_to_arrays
 from elmo_cli.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_cli.model import encoder as encoder_module
 from elmo_cli.model.bilm import BiLM, to_model_chars
+from elmo_cli.model.encoder import distinct_rows
+from elmo_cli.model.lstm import Dropout
 from vocab.chars import ByteChars
 
 CONFIG = ModelConfig(
@@ -140,3 +145,43 @@ def test_encoder_and_its_gradients_equal_conv1d_over_all_positions(tokens):
         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
     with torch.no_grad():  # inference pools with amax, training with max: the same values
         assert torch.equal(enc(chars), out.detach())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), min_size=3, max_size=3), min_size=1, max_size=40),
+       st.sampled_from([torch.int16, torch.int32, torch.int64]))
+def test_distinct_rows_are_exactly_the_unique_rows_and_map_back(rows, dtype):
+    """The keyed distinct rows give what `torch.unique(dim=0)` gives, in their own order."""
+    x = torch.tensor(rows, dtype=dtype)  # (N, 3)
+    distinct, inverse = distinct_rows(x)
+    expected = torch.unique(x, dim=0)
+    assert distinct.dtype == dtype and inverse.dtype == torch.long and inverse.shape == (x.shape[0],)
+    assert torch.equal(distinct[inverse], x)
+    assert sorted(map(tuple, distinct.tolist())) == sorted(map(tuple, expected.tolist()))
+
+
+def test_distinct_rows_stay_exact_when_different_rows_share_a_key(monkeypatch):
+    """Keys that collide for every row (all weights zero): the result still separates the rows."""
+    monkeypatch.setitem(encoder_module._ROW_WEIGHTS, (4, torch.device("cpu")), torch.zeros(4, dtype=torch.long))
+    x = torch.tensor([[1, 2, 3, 4], [4, 3, 2, 1], [1, 2, 3, 4], [0, 0, 0, 0]])
+    distinct, inverse = distinct_rows(x)
+    assert distinct.shape == (3, 4) and torch.equal(distinct[inverse], x)
+
+
+def test_training_dropout_keeps_one_minus_p_scaled_and_is_seeded():
+    """The CPU mask: each element zero or x / (1 - p), kept at 1 - p; the same seed draws the same mask; the
+    gradient passes through the kept elements with the same scale; bf16 stays bf16; eval mode is the identity."""
+    drop = Dropout(0.3).train()
+    x = torch.full((1000, 1000), 2.0, requires_grad=True)
+    torch.manual_seed(5)
+    y = drop(x)
+    values = torch.unique(y.detach()).tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(2.0 / 0.7)
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.7) < 0.003  # 1e6 draws: the standard error is 4.6e-4
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (y.detach() != 0).float() / 0.7)
+    torch.manual_seed(5)
+    assert torch.equal(drop(x.detach()), y.detach())
+    assert drop(torch.ones(4, 4, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert torch.equal(drop.eval()(x.detach()), x.detach())

@@ -75,3 +75,20 @@ def test_sparse_gradients_equal_dense_and_touch_only_used_rows():
     untouched = [i for i in range(50) if i not in used]
     assert (dense.weight.grad[untouched] == 0).all()
     assert set(sparse.weight.grad.coalesce().indices()[0].tolist()) <= used
+
+
+def test_both_directions_in_one_lookup_give_each_directions_loss_and_gradients():
+    """`sampled_losses` (one lookup for both directions) against `sampled_loss` called once per direction."""
+    torch.manual_seed(4)
+    one, apart = SharedSoftmax(60, 8), SharedSoftmax(60, 8)
+    apart.load_state_dict(one.state_dict())
+    g = torch.Generator().manual_seed(7)
+    parts = [(torch.randn(9, 8), torch.randint(0, 60, (9,)), *log_uniform_sample(12, 60, g)) for _ in range(2)]
+    together = one.sampled_losses(parts)
+    separate = [apart.sampled_loss(*p) for p in parts]
+    for a, b in zip(together, separate):
+        torch.testing.assert_close(a, b)
+    sum(together).backward()
+    sum(separate).backward()
+    torch.testing.assert_close(one.weight.grad, apart.weight.grad)
+    torch.testing.assert_close(one.bias.grad, apart.bias.grad)

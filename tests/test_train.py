@@ -21,7 +21,7 @@ from elmo_cli.checkpoint import latest_checkpoint, list_checkpoints, load_checkp
 from elmo_cli.loading import load_model
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.loading import init_from as _init_from
-from elmo_cli.train import clip_grad_norm, train
+from elmo_cli.train import clip_grad_norm, make_optimizer, train
 from train_fixtures import TINY_MODEL, make_shards, tiny_config
 from vocab.errors import ElmoError
 from vocab.shards import ShardDataset, write_shards
@@ -434,3 +434,24 @@ def test_torchrun_more_processes_than_gpus_is_one_clear_error(monkeypatch):
         with pytest.raises(ElmoError, match=r"torchrun started 2 processes on this machine, but torch sees 1 "
                                             r"GPU\(s\).*nproc-per-node"):
             init_distributed(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_on_a_cpu_is_the_fused_kernel_and_updates_as_the_default_does(optimizer):
+    """`make_optimizer` takes torch's fused Adam(W) on a CPU; five updates agree with the default (foreach) ones."""
+    tc = dataclasses.replace(tiny_config().training, optimizer=optimizer, lr=1e-2, weight_decay=0.1)
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(30, 7)), torch.nn.Parameter(torch.randn(7))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    fused = make_optimizer(a, tc)
+    default = torch.optim.Adam(b, lr=1e-2, weight_decay=0.1) if optimizer == "adam" else \
+        torch.optim.AdamW(b, lr=1e-2, weight_decay=0.1)
+    assert fused.defaults["fused"] is True
+    for step in range(5):
+        grads = [torch.randn_like(p) for p in a]
+        for p, q, g in zip(a, b, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        fused.step()
+        default.step()
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)

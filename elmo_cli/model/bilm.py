@@ -15,7 +15,7 @@ from torch import nn
 
 from elmo_cli.config import ModelConfig
 from elmo_cli.model.encoder import TokenEncoder
-from elmo_cli.model.lstm import BiLSTMKernel, LSTMStack, State, reverse_padded
+from elmo_cli.model.lstm import BiLSTMKernel, Dropout, LSTMStack, State, reverse_padded
 from elmo_cli.model.softmax import SharedSoftmax
 
 Stacks = tuple[LSTMStack, LSTMStack]  # (forward, backward)
@@ -148,7 +148,7 @@ class BiLM(nn.Module):
         self.encoder = TokenEncoder(config.char_cnn, P)
         self.forward_lstm = LSTMStack(config.lstm, dropout)
         self.backward_lstm = LSTMStack(config.lstm, dropout)
-        self.output_dropout = nn.Dropout(dropout)
+        self.output_dropout = Dropout(dropout)
         self.softmax = SharedSoftmax(vocab_size, P, sparse=sparse_softmax) if vocab_size else None
 
     @property
