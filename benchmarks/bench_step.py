@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 from torch import nn

@@ -3,7 +3,8 @@
 Each benchmark prints its own figures, measured in this run (ratios against a baseline measured alongside, never
 against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours),
 `change` (it compares with another checkout), `targets` (it times the make targets, `make bench` among them),
-`probe` (auto's shapes by dtype and rows) and `compile` (torch.compile of the LSTM loops) run only by name.
+`probe` (auto's shapes by dtype and rows), `compile` (torch.compile of the LSTM loops) and `step` (a CPU training
+step's costs outside the model, old ways against new, compiled too) run only by name.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn", "onnx", "efml"]
-LONG = {"quality", "change", "targets", "probe", "compile"}  # by name only (the module docstring)
+LONG = {"quality", "change", "targets", "probe", "compile", "step"}  # by name only (the module docstring)
 
 
 def main(argv: list[str]) -> int:
