@@ -26,11 +26,11 @@ import sys
 
 import torch
 
-from benchmarks.corpora import prepare, probe_arguments
+from benchmarks.corpora import probe_arguments, probe_corpus
 from benchmarks.results import Recording
 from elmo_cli import auto, machine
 from elmo_cli.model import lstm
-from elmo_cli.train import measure_throughput, open_shards
+from elmo_cli.train import measure_throughput
 
 VARIANTS = ("bf16, cast once a window", "bf16, cast every step", "fp32")
 PROFILE_TOP = 14
@@ -56,10 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=float, default=0.0, help="seconds of profiled training per shape and dtype")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    prepare(args.corpus, args.out / args.corpus)
-    data = open_shards(args.out / args.corpus / "train")
-    base = auto._base()
-    negatives = min(base.training.n_negative_samples, len(data.vocab))
+    _, data, base, negatives = probe_corpus(args)
     once = lstm.autocast_once
     command = " ".join(["python -m benchmarks.bench_autocast", *argv])
     with Recording("autocast", command, args.threads, args.label) as rec:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.corpora import prepare, probe_arguments
+from benchmarks.corpora import probe_arguments, probe_corpus
 from benchmarks.results import Recording
 from elmo_cli import auto
 from elmo_cli.model import lstm
-from elmo_cli.train import measure_throughput, open_shards, train
+from elmo_cli.train import measure_throughput, train
 
 EAGER = lstm.ProjectedLSTMLayer.forward
 COMPILED = torch.compile(EAGER, dynamic=False)
@@ -54,11 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=15.0, repeats=2)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    prepare(args.corpus, args.out / args.corpus)
+    _, data, base, negatives = probe_corpus(args)
     train_dir = args.out / args.corpus / "train"
-    data = open_shards(train_dir)
-    base = auto._base()
-    negatives = min(base.training.n_negative_samples, len(data.vocab))
     command = " ".join(["python -m benchmarks.bench_compile", *argv])
     # A cold compilation, as a user's first run pays it: Inductor's on-disk caches in a fresh folder.
     cache = tempfile.TemporaryDirectory(prefix="bench-compile-cache-")

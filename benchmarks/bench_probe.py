@@ -25,10 +25,10 @@ import sys
 
 import torch
 
-from benchmarks.corpora import prepare, probe_arguments
+from benchmarks.corpora import probe_arguments, probe_corpus
 from benchmarks.results import Recording
 from elmo_cli import auto, machine
-from elmo_cli.train import measure_throughput, open_shards
+from elmo_cli.train import measure_throughput
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,10 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", type=float, default=0.0, help="seconds of one traced probe per shape and dtype")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    info = prepare(args.corpus, args.out / args.corpus)
-    data = open_shards(args.out / args.corpus / "train")
-    base = auto._base()
-    negatives = min(base.training.n_negative_samples, len(data.vocab))
+    info, data, base, negatives = probe_corpus(args)
     dtypes = ("fp32", "bf16") if machine.cpu_bf16() else ("fp32",)
     command = " ".join(["python -m benchmarks.bench_probe", *argv])
     if args.trace > 0:

@@ -30,13 +30,13 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from benchmarks.corpora import prepare, probe_arguments
+from benchmarks.corpora import probe_arguments, probe_corpus
 from benchmarks.results import Recording
 from elmo_cli import auto, train as train_module
 from elmo_cli.model import encoder as encoder_module
 from elmo_cli.model.lstm import Dropout
 from elmo_cli.model.softmax import SharedSoftmax, log_uniform_sample
-from elmo_cli.train import measure_throughput, open_shards
+from elmo_cli.train import measure_throughput
 
 NEW_MAKE_OPTIMIZER = train_module.make_optimizer
 NEW_DISTINCT = encoder_module.distinct_rows
@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=10.0, repeats=3)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    prepare(args.corpus, args.out / args.corpus)
-    data = open_shards(args.out / args.corpus / "train")
-    base = auto._base()
-    negatives = min(base.training.n_negative_samples, len(data.vocab))
+    _, data, base, negatives = probe_corpus(args)
     shape = auto.LADDER[0]
     config = auto._config(base, shape, "fp32", negatives, args.threads).with_training(device="cpu")
     command = " ".join(["python -m benchmarks.bench_step", *argv])

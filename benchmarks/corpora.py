@@ -249,6 +249,18 @@ def prepare(name: str, out: Path) -> dict:
     return info
 
 
+def probe_corpus(args: argparse.Namespace):
+    """What a probe benchmark (`probe_arguments`) times on: its ``--corpus`` prepared under ``--out``; returns
+    ``(split counts, training shards, auto's base recipe, the negatives it samples)``."""
+    from elmo_cli import auto
+    from elmo_cli.train import open_shards
+
+    info = prepare(args.corpus, args.out / args.corpus)
+    data = open_shards(args.out / args.corpus / "train")
+    base = auto._base()
+    return info, data, base, min(base.training.n_negative_samples, len(data.vocab))
+
+
 def probe_arguments(description: str, seconds: float, repeats: int) -> argparse.ArgumentParser:
     """The arguments of the benchmarks that time `auto`'s probe on a corpus (bench_probe, bench_autocast,
     bench_compile): ``--corpus --seconds --repeats --threads --out --label``, with these defaults for the first
