@@ -1,4 +1,4 @@
-"""What a CPU training step of `auto`'s LSTM 512/128 spends outside its matrix products, and what four changes to
+"""What a CPU training step of `auto`'s LSTM 512/128 spends outside its matrix products, and what five changes to
 it buy, each measured beside what it replaced in one run.
 
     python -m benchmarks.bench_step [--corpus sotu] [--seconds 10] [--repeats 3] [--threads 2]
@@ -14,11 +14,16 @@ A profile of the step (`torch.profiler`, 20 steps, 32 rows, 1,024 sampled negati
   whole softmax (`SharedSoftmax.sampled_losses` gathers once);
 - ``adam``: torch's default multi-tensor Adam on a CPU (`train.make_optimizer` takes the fused kernel).
 
+A profile of the eager step after them found a fifth: autograd over the LSTM layers' loops, a dozen recorded
+operations a step replayed one by one, with a weight-gradient product 32 rows deep at every step
+(`model.lstm.ClippedLSTMFunction` writes the loop's gradient by hand).
+
 Each part is timed alone (milliseconds per call, median of REPEATS x 50 calls, the old way and the new alternating),
 on the step's own shapes, and then the whole step as the probe measures it (`train.measure_throughput`: tokens/s),
-with the four old ways put back against the code as it is, alternating, REPEATS times, eager and compiled. The
-old ways run with the same model and data; their losses differ from the new ones only by rounding and by the
-dropout masks' random numbers. Results: benchmarks/results/step-DATE.json.
+REPEATS times each, alternating, in three ways: ``before`` (the four old ways and autograd's loop), ``autograd``
+(the four new ways, autograd's loop) and ``now``; compiled, the loops are autograd's either way, so ``before``
+against ``now``. All run with the same model and data; their losses differ only by rounding and by the dropout
+masks' random numbers. Results: benchmarks/results/step-DATE.json (``--label``: step-LABEL-DATE.json).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from benchmarks.corpora import probe_arguments, probe_corpus
 from benchmarks.results import Recording
 from elmo_cli import auto, train as train_module
 from elmo_cli.model import encoder as encoder_module
-from elmo_cli.model.lstm import Dropout
+from elmo_cli.model.lstm import Dropout, ProjectedLSTMLayer
 from elmo_cli.model.softmax import SharedSoftmax, log_uniform_sample
 from elmo_cli.train import measure_throughput
 
@@ -42,6 +47,8 @@ NEW_MAKE_OPTIMIZER = train_module.make_optimizer
 NEW_DISTINCT = encoder_module.distinct_rows
 NEW_DROPOUT = Dropout.forward
 NEW_LOSSES = SharedSoftmax.sampled_losses
+NEW_BY_HAND = ProjectedLSTMLayer.by_hand
+WAYS = {"before": (True, False), "autograd": (False, False), "now": (False, True)}  # (the four old ways, by hand)
 
 
 def old_make_optimizer(params, tc):
@@ -83,6 +90,19 @@ def old_ways(on: bool):
         SharedSoftmax.sampled_losses = NEW_LOSSES
 
 
+@contextmanager
+def way(name: str):
+    """The step as it was `before`, with the four new ways but `autograd` over the LSTM loops, or as it is `now`."""
+    old_four, by_hand = WAYS[name]
+    if not by_hand:
+        ProjectedLSTMLayer.by_hand = lambda self, x, mask, reset: False
+    try:
+        with old_ways(old_four):
+            yield
+    finally:
+        ProjectedLSTMLayer.by_hand = NEW_BY_HAND
+
+
 def per_call_ms(fn, calls: int = 50) -> float:
     for _ in range(3):
         fn()
@@ -119,19 +139,30 @@ def parts(config, data, repeats: int) -> dict:
         p.grad = torch.randn_like(p)
     adams = {"old": old_make_optimizer(params, tc), "new": NEW_MAKE_OPTIMIZER(params, tc)}
     old_drop, new_drop = nn.Dropout(tc.dropout), Dropout(tc.dropout)
+    layer = trainer.state.model.forward_lstm.layers[0]
+    xs = torch.randn(B, T, P, requires_grad=True)
+    starts = batch.starts  # (B, T): where sentences start, as the step resets its states
+
+    def lstm_layer(by_hand: bool):
+        def run():
+            with way("now" if by_hand else "autograd"):
+                out, (h, c) = layer(xs, layer.zero_state(B), None, starts)
+                out.sum().backward()
+        return run
     cases = {
         "dropout (B, T, P) mask": (lambda: old_drop(x), lambda: new_drop(x)),
         "distinct rows of the step's characters": (lambda: old_distinct(chars), lambda: NEW_DISTINCT(chars)),
         "softmax lookups, forward and backward of both directions": (lookups(old_losses), lookups(NEW_LOSSES)),
         "adam step over the model": (adams["old"].step, adams["new"].step),
+        "one LSTM layer's 20 steps, forward and backward (autograd; by hand)": (lstm_layer(False), lstm_layer(True)),
     }
     out = {}
     for name, (old, new) in cases.items():
         runs = {"old": [], "new": []}
         for r in range(repeats):
-            for way in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                runs[way].append(per_call_ms(old if way == "old" else new))
-        med = {way: statistics.median(v) for way, v in runs.items()}
+            for arm in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                runs[arm].append(per_call_ms(old if arm == "old" else new))
+        med = {arm: statistics.median(v) for arm, v in runs.items()}
         out[name] = {"old_ms": round(med["old"], 3), "new_ms": round(med["new"], 3),
                      "saved_ms": round(med["old"] - med["new"], 3)}
         print(f"{name}: {out[name]}", flush=True)
@@ -157,17 +188,19 @@ def main(argv: list[str] | None = None) -> None:
         for compiled in (False, True):
             run_config = config.with_training(compile=compiled)
             measure_throughput(run_config, data, 1.0)  # warm-up (and, compiled, the compilation)
-            rates: dict[str, list[float]] = {"old": [], "new": []}
+            names = ["before", "now"] if compiled else list(WAYS)
+            rates: dict[str, list[float]] = {name: [] for name in names}
             for r in range(args.repeats):
-                for way in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    with old_ways(way == "old"):
-                        rates[way].append(measure_throughput(run_config, data, args.seconds))
-            med = {way: statistics.median(v) for way, v in rates.items()}
+                for name in names[r % len(names):] + names[: r % len(names)]:
+                    with way(name):
+                        rates[name].append(measure_throughput(run_config, data, args.seconds))
+            med = {name: statistics.median(v) for name, v in rates.items()}
             key = "step_compiled" if compiled else "step_eager"
-            rec.figures[key] = {"old_tokens_per_s_median": round(med["old"]), "new_tokens_per_s_median": round(med["new"]),
-                                "old_runs": [round(v) for v in rates["old"]],
-                                "new_runs": [round(v) for v in rates["new"]],
-                                "new_over_old": round(med["new"] / med["old"], 3)}
+            rec.figures[key] = {f"{name}_tokens_per_s_median": round(med[name]) for name in names}
+            rec.figures[key].update({f"{name}_runs": [round(v) for v in rates[name]] for name in names})
+            rec.figures[key]["now_over_before"] = round(med["now"] / med["before"], 3)
+            if not compiled:
+                rec.figures[key]["now_over_autograd"] = round(med["now"] / med["autograd"], 3)
             print(f"{key}: {rec.figures[key]}", flush=True)
             rec.save()
 

@@ -55,6 +55,7 @@ def compile_layers(model: nn.Module) -> None:
     for layer in model.modules():
         if isinstance(layer, ProjectedLSTMLayer):
             layer.forward = types.MethodType(_forward, layer)
+            layer.hand_gradient = False  # autograd over the compiled loop, not `lstm.ClippedLSTMFunction`
 
 
 def eager_layers(model: nn.Module) -> None:
@@ -62,6 +63,7 @@ def eager_layers(model: nn.Module) -> None:
     for layer in model.modules():
         if isinstance(layer, ProjectedLSTMLayer) and "forward" in layer.__dict__:
             del layer.forward
+            layer.hand_gradient = True
 
 
 _MACHINERY = ("torch._dynamo", "torch._inductor", "torch._functorch")

@@ -42,6 +42,7 @@ def test_only_a_training_steps_layers_run_compiled_and_the_weights_keep_their_na
     compiled.compile_layers(model)
     layers = [m for m in model.modules() if isinstance(m, ProjectedLSTMLayer)]
     assert len(layers) == 2 * config.model.lstm.n_layers
+    assert not any(layer.hand_gradient for layer in layers)  # autograd over the compiled loop
     x = torch.randn(2, 3, layers[0].input_weight.shape[1])
     out, _ = layers[0](x)
     assert calls == [layers[0]] and out.shape == (2, 3, layers[0].projection_dim)
@@ -55,6 +56,7 @@ def test_only_a_training_steps_layers_run_compiled_and_the_weights_keep_their_na
     compiled.eager_layers(model)
     layers[0](x)
     assert len(calls) == 1
+    assert all(layer.hand_gradient for layer in layers)  # the eager step's gradient by hand again
 
 
 def test_a_compilation_that_fails_leaves_the_eager_step_one_note_and_the_eager_weights(shards, tmp_path,

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from elmo_cli.model.lstm import ProjectedLSTMLayer
+from elmo_cli.model import lstm
+from elmo_cli.model.lstm import ClippedLSTMFunction, ProjectedLSTMLayer
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -174,4 +176,112 @@ def test_bf16_autocast_casts_the_recurrent_weights_once_a_window_not_once_a_step
     # without autocast the weights are not cast
     with Casts() as casts:
         layer(x, reset=reset)[0].sum().backward()
-    assert casts.shapes == [tuple(reset.unsqueeze(-1).shape)]  # the reset mask's bool -> float, nothing else
+    assert casts.shapes == [tuple(reset.shape)]  # the reset mask's bool -> float, nothing else
+
+
+def _run_layer(layer, x, state, reset, by_hand: bool):
+    """Outputs, final state and every gradient (x, the parameters, the state) of one training-mode call."""
+    layer.hand_gradient = by_hand
+    layer.zero_grad(set_to_none=True)
+    leaves = [x] + ([] if state is None else list(state))
+    for t in leaves:
+        t.grad = None
+    out, (h, c) = layer(x, state, None, reset)
+    g = torch.Generator().manual_seed(5)
+    # a loss that reads every output, the final h and the final c, with weights that differ by position
+    loss = (out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum() + (h * 0.7).sum() + (c * 0.3).sum()
+    loss.backward()
+    return [out.detach(), h.detach(), c.detach()] + [t.grad for t in leaves] + [p.grad for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("clips", [(0.5, 0.3), (3.0, 3.0), (None, 3.0), (3.0, None), (None, None)])
+@pytest.mark.parametrize("with_reset", [True, False])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_the_hand_written_gradient_equals_autograd_over_the_loop(clips, with_reset, with_state):
+    """The training step's layer on a CPU (`ClippedLSTMFunction`) against autograd over the layer's own loop, in
+    float64: the same outputs and final state, the same gradients of the input, the state and all four weights."""
+    layer = _layer(D=6, H=10, P=5, cell_clip=clips[0], proj_clip=clips[1], scale=0.8).double().train()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 9, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    state = None
+    if with_state:
+        state = tuple(torch.randn(3, n, generator=g, dtype=torch.float64, requires_grad=True) for n in (5, 10))
+    reset = None
+    if with_reset:
+        reset = torch.zeros(3, 9, dtype=torch.bool)
+        reset[0, 3] = reset[1, 0] = reset[2, 5] = reset[2, 6] = True
+    calls = []
+    apply = ClippedLSTMFunction.apply
+    lstm.ClippedLSTMFunction.apply = lambda *a: calls.append(1) or apply(*a)
+    try:
+        hand = _run_layer(layer, x, state, reset, by_hand=True)
+    finally:
+        lstm.ClippedLSTMFunction.apply = apply
+    loop = _run_layer(layer, x, state, reset, by_hand=False)
+    # without clips, reset or mask the layer is torch's fused LSTM either way
+    assert len(calls) == (0 if clips == (None, None) and not with_reset else 1)
+    if clips[0] == 0.5:  # the clips bind: their gradients (zero where clipped) are part of what is checked
+        with torch.no_grad():
+            cells = [lstm._loop_forward(x, layer.input_weight, layer.gate_bias, *layer.zero_state(3),
+                                        layer.recurrent_weight, layer.projection_weight, None, *clips)[3][k]
+                     for k in (5, 8)]  # the cells and projections before their clips
+        assert 0.05 < (cells[0].abs() > 0.5).double().mean() < 0.95
+        assert 0.05 < (cells[1].abs() > 0.3).double().mean() < 0.95
+    for a, b in zip(hand, loop):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_hand_written_gradient_passes_gradcheck():
+    """Against finite differences, not autograd: x, the state, the four weights, with both clips binding."""
+    torch.manual_seed(0)
+    H, P, D, B, T = 4, 3, 5, 2, 6
+    args = [torch.randn(B, T, D), torch.randn(4 * H, D), torch.randn(4 * H), torch.randn(B, P) * 0.5,
+            torch.randn(B, H) * 0.5, torch.randn(4 * H, P), torch.randn(P, H)]
+    args = [a.double().requires_grad_() for a in args]
+    keep = torch.ones(B, T, dtype=torch.float64)
+    keep[1, 2] = 0.0
+
+    def f(*a):
+        out, h, c = ClippedLSTMFunction.apply(*a, keep, 0.6, 0.4)
+        return out, h, c
+
+    out, _, _ = f(*args)
+    assert 0 < (out.abs() == 0.4).double().mean() < 0.9  # the projection clip binds somewhere, not everywhere
+    assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-6)
+
+
+def test_the_hand_written_gradient_in_float32_at_the_auto_shape():
+    """The shape the step trains on a CPU (LSTM 512/128 with bilm-tf's clips, 32 rows, 20 steps): the gradients of
+    both paths within float32 rounding of each other."""
+    layer = ProjectedLSTMLayer(128, 512, 128, cell_clip=3.0, proj_clip=3.0).train()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(32, 20, 128, generator=g, requires_grad=True)
+    state = tuple((torch.randn(32, n, generator=g) * 0.5).requires_grad_() for n in (128, 512))
+    reset = torch.rand(32, 20, generator=g) < 0.05
+    hand = _run_layer(layer, x, state, reset, by_hand=True)
+    loop = _run_layer(layer, x, state, reset, by_hand=False)
+    torch.testing.assert_close(hand[0], loop[0], rtol=0, atol=0)  # the forward: the same operations
+    for a, b in zip(hand[3:], loop[3:]):
+        scale = b.abs().max().item()
+        assert (a - b).abs().max().item() <= 1e-5 * scale
+
+
+def test_the_hand_written_gradient_runs_only_in_a_training_step_on_a_cpu_in_fp32(monkeypatch):
+    calls = []
+    apply = ClippedLSTMFunction.apply
+    monkeypatch.setattr(ClippedLSTMFunction, "apply", lambda *a: calls.append(1) or apply(*a))
+    layer = _layer(cell_clip=3.0, proj_clip=3.0).train()
+    x = torch.randn(2, 4, 6)
+    layer(x)
+    assert len(calls) == 1
+    with torch.no_grad():
+        layer(x)  # validation in training mode
+    layer.eval()
+    layer(x)
+    layer.train()
+    layer(x, mask=torch.ones(2, 4, dtype=torch.bool))  # carried states over padding: the loop
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)  # bf16 autocast: the loop, casting its weights once (above)
+    layer.hand_gradient = False  # as `elmo_cli.compiled` sets it for its compiled loops
+    layer(x)
+    assert len(calls) == 1

@@ -128,6 +128,140 @@ def lstm_cell(z: torch.Tensor, c: torch.Tensor | None, w_proj: torch.Tensor, cel
     return (h.clamp(-proj_clip, proj_clip) if proj_clip is not None else h), c
 
 
+class ClippedLSTMFunction(torch.autograd.Function):
+    """A layer's whole time loop, input product included, in `lstm_cell`'s arithmetic with the state zeroed where a
+    sentence starts, and with its gradient written by hand: the training step's LSTM on a CPU
+    (`ProjectedLSTMLayer.forward`, `ProjectedLSTMLayer.by_hand`).
+
+    Why: autograd records each step's dozen operations and replays them backwards one by one, and each step's
+    backward makes its own small weight-gradient products, 32 rows deep. Here the backward pass runs seven
+    operations a step (two products and five elementwise); what does not depend on the gradient through time is
+    computed for all T steps at once before the loop, and the weight gradients of all T steps are products after
+    it, ``T * B`` rows deep. The forward computes the loop's function with the loop's operations, time-major; the
+    gradients agree with autograd's over the loop to rounding (`tests/test_lstm.py`).
+
+    # Parameters
+    x : the layer's input `(B, T, D)`.
+    w_in : ``input_weight`` `(4H, D)`; bias : the gate bias with the forget bias folded in, `(4H,)`.
+    h0, c0 : the state, `(B, P)` and `(B, H)`.
+    w_rec : ``recurrent_weight`` `(4H, P)`; w_proj : ``projection_weight`` `(P, H)`.
+    keep : None, or `(B, T)` floats: 0 where the state is zeroed before the step (a sentence starts there), else 1.
+    cell_clip, proj_clip : the clips, or None.
+
+    # Returns
+    outputs `(B, T, P)`, the final ``h (B, P)`` and ``c (B, H)``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip):
+        out, h, c, saved = _loop_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip)
+        ctx.save_for_backward(w_in, w_rec, w_proj, *saved)
+        ctx.clips = cell_clip, proj_clip
+        return out, h, c
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_out, d_h, d_c):
+        w_in, w_rec, w_proj, *saved = ctx.saved_tensors
+        return (*_loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, *ctx.clips, ctx.needs_input_grad[0]),
+                None, None, None)
+
+
+def _loop_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip):
+    """`ClippedLSTMFunction`'s forward (its arguments): outputs `(B, T, P)`, the final ``h``, ``c`` and what the
+    backward pass reads, time-major: the input rows `(T * B, D)`, keep `(T, B, 1)` or None, the gates after their
+    activations `(T, B, 4, H)`, each step's input cell `(T, B, H)` and output `(T, B, P)` after the reset, its
+    cell before the clip, tanh of the clipped cell and ``o * tanh(c)`` `(T, B, H)`, its projection before the
+    clip `(T, B, P)`."""
+    B, T, D = x.shape
+    G, P = w_in.shape[0], w_proj.shape[0]
+    H = G // 4
+    x_tm = x.transpose(0, 1).reshape(T * B, D)  # time-major rows
+    # the input product of every step; each step then adds its recurrent product and, in place, makes its
+    # gates sigmoid(i), tanh(j), sigmoid(f), sigmoid(o)
+    acts = torch.addmm(bias, x_tm, w_in.t()).view(T, B, 4, H)
+    keep_tm = None if keep is None else keep.t().unsqueeze(-1)  # (T, B, 1)
+    # c_in, h_in: each step's state after the reset; c_raw, h_raw: the new cell and projection before their
+    # clips; m: o * tanh(c)
+    c_in, h_in, c_raw, tanh_c, m, h_raw, out = [x.new_empty(T, B, n) for n in (H, P, H, H, H, P, P)]
+    w_rec_t, w_proj_t = w_rec.t(), w_proj.t()
+    h, c = h0, c0
+    for t in range(T):
+        if keep_tm is not None:
+            h, c = torch.mul(h, keep_tm[t], out=h_in[t]), torch.mul(c, keep_tm[t], out=c_in[t])
+        else:
+            h_in[t].copy_(h)
+            c_in[t].copy_(c)
+        z = acts[t].view(B, G).addmm_(h, w_rec_t).view(B, 4, H)
+        i, j, f, o = z.unbind(1)
+        i.sigmoid_(), j.tanh_(), f.sigmoid_(), o.sigmoid_()
+        c = torch.mul(f, c, out=c_raw[t]).add_(i * j)
+        if cell_clip is not None:
+            c = c.clamp(-cell_clip, cell_clip)
+        h = torch.mm(torch.mul(o, torch.tanh(c, out=tanh_c[t]), out=m[t]), w_proj_t, out=h_raw[t])
+        h = torch.clamp(h, -proj_clip, proj_clip, out=out[t]) if proj_clip is not None else out[t].copy_(h)
+    return out.transpose(0, 1).contiguous(), h.clone(), c.clone(), (x_tm, keep_tm, acts, c_in, h_in, c_raw,
+                                                                      tanh_c, m, h_raw)
+
+
+def _loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, cell_clip, proj_clip, need_x):
+    """`ClippedLSTMFunction`'s backward: from the gradients at the outputs `(B, T, P)` and the final ``h``, ``c``
+    (each may be None), the gradients of ``x`` (None unless `need_x`), ``w_in``, ``bias``, ``h0``, ``c0``,
+    ``w_rec`` and ``w_proj``; `saved` as `_loop_forward` returned it."""
+    x_tm, keep_tm, acts, c_in, h_in, c_raw, tanh_c, m, h_raw = saved
+    T, B, _, H = acts.shape
+    G, P = 4 * H, w_proj.shape[0]
+    i, j, f, o = acts.unbind(2)  # (T, B, H) each
+    one = acts.new_ones(())
+    # What does not depend on the gradient through time, for all T steps at once. With u the gradient at a
+    # step's (clipped) cell and dm at its o * tanh(c), the gate pre-activations' gradients are u * F[:, :, k]
+    # for i, j, f (k = 0, 1, 2) and dm * F[:, :, 3] for o.
+    F_ = torch.empty_like(acts)
+    torch.addcmul(i, i, i, value=-1, out=F_[:, :, 0]).mul_(j)  # i (1 - i) j
+    torch.addcmul(one, j, j, value=-1, out=F_[:, :, 1]).mul_(i)  # (1 - j^2) i
+    fo = acts[:, :, 2:]
+    torch.addcmul(fo, fo, fo, value=-1, out=F_[:, :, 2:])  # f and o: s (1 - s)
+    F_[:, :, 2].mul_(c_in)
+    F_[:, :, 3].mul_(tanh_c)
+    f_back = f  # the cell's gradient to the step before: through f, the cell clip and the reset
+    if cell_clip is not None:
+        c_pass = c_raw.abs().le_(cell_clip)  # 1 where the clip let the cell through (clamp's gradient)
+        F_[:, :, :3].mul_(c_pass.unsqueeze(2))
+        f_back = f * c_pass
+    if keep_tm is not None:
+        f_back = f_back * keep_tm
+    E = torch.addcmul(one, tanh_c, tanh_c, value=-1).mul_(o)  # from o * tanh(c) to c
+    # h_back[t]: from the input state of step t + 1 to the projection of step t (its reset, then its clip)
+    g_out = d_out.transpose(0, 1) if d_out is not None else acts.new_zeros(T, B, P)
+    h_back = None if keep_tm is None else torch.cat([keep_tm[1:], keep_tm.new_ones(1, B, 1)])
+    if proj_clip is not None:
+        h_pass = h_raw.abs().le_(proj_clip)
+        g_out = g_out * h_pass
+        h_back = h_pass if h_back is None else h_pass.mul_(h_back)
+    g_h = acts.new_empty(T, B, P)  # the gradient at each step's projection (before its clip)
+    d_z = acts.new_empty(T, B, 4, H)  # ... at each step's gate pre-activations
+    u = d_c if d_c is not None else acts.new_zeros(B, H)
+    carry = None if d_h is None else (d_h * h_back[T - 1] if proj_clip is not None else d_h)
+    for t in range(T - 1, -1, -1):
+        g = torch.add(g_out[t], carry, out=g_h[t]) if carry is not None else g_h[t].copy_(g_out[t])
+        dm = torch.mm(g, w_proj)  # (B, H)
+        u = torch.addcmul(u, dm, E[t])
+        torch.mul(u.unsqueeze(1), F_[t, :, :3], out=d_z[t, :, :3])
+        torch.mul(dm, F_[t, :, 3], out=d_z[t, :, 3])
+        dh_in = torch.mm(d_z[t].view(B, G), w_rec)  # (B, P), at step t's input state
+        u = u * f_back[t]
+        if t > 0:
+            carry = dh_in * h_back[t - 1] if h_back is not None else dh_in
+    d_z2 = d_z.view(T * B, G)
+    d_x = torch.mm(d_z2, w_in).view(T, B, -1).transpose(0, 1) if need_x else None
+    d_w_in = torch.mm(d_z2.t(), x_tm)
+    d_bias = d_z2.sum(0)
+    d_w_rec = torch.mm(d_z2.t(), h_in.view(T * B, P))
+    d_w_proj = torch.mm(g_h.view(T * B, P).t(), m.view(T * B, H))
+    d_h0 = dh_in * keep_tm[0] if keep_tm is not None else dh_in
+    return d_x, d_w_in, d_bias, d_h0, u, d_w_rec, d_w_proj
+
+
 class ProjectedLSTMLayer(nn.Module):
     """One LSTM layer with a projection of its output.
 
@@ -151,6 +285,7 @@ class ProjectedLSTMLayer(nn.Module):
         forget = torch.zeros(4 * dim)
         forget[2 * dim : 3 * dim] = 1.0
         self.register_buffer("forget_bias", forget, persistent=False)
+        self.hand_gradient = True  # training on a CPU runs `ClippedLSTMFunction`; False: autograd over the loop
 
     def zero_state(self, batch_size: int, device=None, dtype=None) -> State:
         device = device or self.bias.device
@@ -176,8 +311,13 @@ class ProjectedLSTMLayer(nn.Module):
             state = self.zero_state(B, x.device, x.dtype)
         if self.cell_clip is None and self.proj_clip is None and mask is None and reset is None:
             return self._fused(x, state)
-        xw = self.input_product(x)  # (B, T, 4H)
         h, c = state
+        if self.by_hand(x, mask, reset):
+            keep = None if reset is None else (~reset).to(x.dtype)
+            out, h, c = ClippedLSTMFunction.apply(x, self.input_weight, self.gate_bias, h, c, self.recurrent_weight,
+                                                  self.projection_weight, keep, self.cell_clip, self.proj_clip)
+            return out, (h, c)
+        xw = self.input_product(x)  # (B, T, 4H)
         w_rec, w_proj = autocast_once(x.device.type, self.recurrent_weight.t(), self.projection_weight.t())
         outputs = []
         steps_mask = mask.unsqueeze(-1).unbind(1) if mask is not None else [None] * T
@@ -192,6 +332,14 @@ class ProjectedLSTMLayer(nn.Module):
             h, c = h_new, c_new
             outputs.append(h_new)
         return torch.stack(outputs, dim=1), (h, c)
+
+    def by_hand(self, x: torch.Tensor, mask: torch.Tensor | None, reset: torch.Tensor | None) -> bool:
+        """Whether `forward` runs `ClippedLSTMFunction`: a training step on a CPU (fp32, eager, no mask), unless
+        `hand_gradient` is off (`elmo_cli.compiled` turns it off: its compiled loops are autograd's)."""
+        return (self.hand_gradient and mask is None and self.training and torch.is_grad_enabled()
+                and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
+                and not torch.compiler.is_compiling()
+                and not (self.cell_clip is None and self.proj_clip is None and reset is None))  # that is torch.lstm
 
     def input_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W_in + B`` plus the forget bias, every step at once: `(..., D)` -> `(..., 4H)`."""
