@@ -1,7 +1,8 @@
 """The LSTM with projection and clipping of bilm-tf, the residual stack, and the inference kernel.
 
 What lives here: `lstm_cell` (the one cell: the layer's loop, its ``scan`` for export and the kernel all call it),
-`ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `BiLSTMKernel` (both stacks of a biLM for
+`ProjectedLSTMLayer` and `LSTMStack` (training, scoring, carried states), `ClippedLSTMFunction` (a training step's
+layer on a CPU: the loop with its gradient written by hand), `BiLSTMKernel` (both stacks of a biLM for
 stateless inference, the two directions in one batched step loop, weights arranged by `kernel_weights`),
 `reverse_padded` (the one reversal of rows within their lengths) and the state helpers. Every recurrence here uses
 one gate order, bilm-tf's ``i, j, f, o``.
@@ -14,7 +15,8 @@ One step::
 
 The input product of all T steps is one matrix product; only the recurrence runs in the Python loop. Without
 clipping and without a mask (training an unclipped model) the layer hands the whole sequence to torch's fused
-``torch.lstm`` (proj_size), which computes the same function with torch's own cell.
+``torch.lstm`` (proj_size), which computes the same function with torch's own cell. A training step on a CPU runs
+the loop as `ClippedLSTMFunction`, whose backward pass is written by hand.
 """
 from __future__ import annotations
 
