@@ -1,7 +1,7 @@
-"""What a CPU training step of `auto`'s LSTM 512/128 spends outside its matrix products, and what five changes to
-it buy, each measured beside what it replaced in one run.
+"""What a CPU training step of `auto`'s LSTM 512/128 (or `--shape 1024/256`) spends outside its matrix products,
+and what five changes to it buy, each measured beside what it replaced in one run.
 
-    python -m benchmarks.bench_step [--corpus sotu] [--seconds 10] [--repeats 3] [--threads 2]
+    python -m benchmarks.bench_step [--corpus sotu] [--shape 512/128] [--seconds 10] [--repeats 3] [--threads 2]
 
 A profile of the step (`torch.profiler`, 20 steps, 32 rows, 1,024 sampled negatives, compiled LSTM loops, the
 `sotu` vocabulary of 15,182 words) found four costs that are not the model's arithmetic:
@@ -172,10 +172,12 @@ def parts(config, data, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=10.0, repeats=3)
+    parser.add_argument("--shape", default="512/128", choices=[s.name.split()[-1] for s in auto.LADDER],
+                        help="the LSTM shape of `auto`'s ladder whose step is timed")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     _, data, base, negatives = probe_corpus(args)
-    shape = auto.LADDER[0]
+    shape = next(s for s in auto.LADDER if s.name.endswith(args.shape))
     config = auto._config(base, shape, "fp32", negatives, args.threads).with_training(device="cpu")
     command = " ".join(["python -m benchmarks.bench_step", *argv])
     with Recording("step", command, args.threads, args.label) as rec:
