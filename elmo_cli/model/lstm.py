@@ -314,7 +314,7 @@ class ProjectedLSTMLayer(nn.Module):
         if self.cell_clip is None and self.proj_clip is None and mask is None and reset is None:
             return self._fused(x, state)
         h, c = state
-        if self.by_hand(x, mask, reset):
+        if self.by_hand(x, mask):
             keep = None if reset is None else (~reset).to(x.dtype)
             out, h, c = ClippedLSTMFunction.apply(x, self.input_weight, self.gate_bias, h, c, self.recurrent_weight,
                                                   self.projection_weight, keep, self.cell_clip, self.proj_clip)
@@ -335,13 +335,12 @@ class ProjectedLSTMLayer(nn.Module):
             outputs.append(h_new)
         return torch.stack(outputs, dim=1), (h, c)
 
-    def by_hand(self, x: torch.Tensor, mask: torch.Tensor | None, reset: torch.Tensor | None) -> bool:
-        """Whether `forward` runs `ClippedLSTMFunction`: a training step on a CPU (fp32, eager, no mask), unless
-        `hand_gradient` is off (`elmo_cli.compiled` turns it off: its compiled loops are autograd's)."""
+    def by_hand(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        """Whether `forward`'s loop runs as `ClippedLSTMFunction`: in a training step on a CPU (no autocast, not
+        compiled, no mask), unless `hand_gradient` is off (`elmo_cli.compiled` turns it off for its loops)."""
         return (self.hand_gradient and mask is None and self.training and torch.is_grad_enabled()
                 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling()
-                and not (self.cell_clip is None and self.proj_clip is None and reset is None))  # that is torch.lstm
+                and not torch.compiler.is_compiling())
 
     def input_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W_in + B`` plus the forget bias, every step at once: `(..., D)` -> `(..., 4H)`."""
