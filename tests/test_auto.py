@@ -652,16 +652,23 @@ def test_compiling_is_not_probed_under_20_minutes_nor_kept_below_its_gain_nor_wi
     assert not unable.config.training.compile and not any(p.compiled for p in unable.probes)
 
 
-def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_before_it(no_bf16):
-    # the process's first probe read 868 tokens/s, the eager step runs 1,500: against 868, 1,658 compiled looked
-    # 1.9x; against the eager step probed again it is 1.11x
-    first = iter([868.0, 1500.0, 1480.0])
+def scripted(large: float, compiled: float, eager_reads: list[float]):
+    """A `measure` that reads `large` tokens/s for LSTM 1024/256, `compiled` for 512/128 compiled, and the
+    `eager_reads` in turn for 512/128 eager (the probes as a run's process made them)."""
+    reads = iter(eager_reads)
 
     def measure(config, seconds):
         lstm = config.model.lstm
         if (lstm.dim, lstm.projection_dim) == (1024, 256):
-            return 500.0
-        return 1658.0 if config.training.compile else next(first)
+            return large
+        return compiled if config.training.compile else next(reads)
+    return measure
+
+
+def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_before_it(no_bf16):
+    # the process's first probe read 868 tokens/s, the eager step runs 1,500: against 868, 1,658 compiled looked
+    # 1.9x; against the eager step probed again it is 1.11x
+    measure = scripted(large=500.0, compiled=1658.0, eager_reads=[868.0, 1500.0, 1480.0])
     choice = choose(dataclasses.replace(facts(tokens=500_000, budget=3600), compile=True), measure)
     assert [round(p.tokens_per_s) for p in choice.probes] == [868, 1500, 1658, 1480, 500]
     assert choice.config.training.compile and "(compiled; eager 1,500)" in choice.reason
@@ -670,13 +677,7 @@ def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_b
 def test_a_compiled_gain_is_checked_against_the_eager_step_probed_once_more_after_it(no_bf16):
     # the addresses' hour on an Intel Xeon held to AVX2, 2026-11-28: both eager probes read 2,567 tokens/s, the
     # compiled one 2,922 (1.14x), and the run trained at 2,916 compiled, where laptop's eager hour trained at 3,179
-    eager_reads = iter([2567.0, 2567.0, 3179.0])
-
-    def measure(config, seconds):
-        lstm = config.model.lstm
-        if (lstm.dim, lstm.projection_dim) == (1024, 256):
-            return 1200.0
-        return 2922.0 if config.training.compile else next(eager_reads)
+    measure = scripted(large=1200.0, compiled=2922.0, eager_reads=[2567.0, 2567.0, 3179.0])
     choice = choose(dataclasses.replace(facts(tokens=915_556, budget=3600), compile=True), measure)
     assert [(p.shape, p.compiled, round(p.tokens_per_s)) for p in choice.probes][:4] == [
         (SMALL.name, False, 2567), (SMALL.name, False, 2567), (SMALL.name, True, 2922), (SMALL.name, False, 3179)]
