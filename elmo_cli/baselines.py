@@ -213,10 +213,9 @@ REFERENCES = (
     Reference("Tang poems (SentencePiece)", 1_050_948, 60, "auto", 0.570, AVX2, HELDOUT_RUNS),
     Reference("Tang poems (SentencePiece)", 1_050_948, 60, "laptop", 0.626, AVX2, HELDOUT_RUNS),
     # The addresses on 2 cores of an Intel Xeon (family 6 model 207) showing AVX-512 without bf16 instructions:
-    # `auto` as the present code trains it there (eager, the LSTM's gradient by hand, 20 passes), `laptop` with
-    # nothing beside it.
+    # `auto` and `laptop` on the present code (eager, the LSTM's gradient by hand, 20 passes), one after the other.
     Reference("State of the Union addresses", 915_556, 60, "auto", 0.625, AVX512, HELDOUT_XEON),
-    Reference("State of the Union addresses", 915_556, 60, "laptop", 0.647, AVX512, HELDOUT_XEON),
+    Reference("State of the Union addresses", 915_556, 60, "laptop", 0.625, AVX512, HELDOUT_XEON),
 )
 IN_LINE = 0.02  # ratios this close to a measured one are "in line with" it
 
