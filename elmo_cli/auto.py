@@ -65,7 +65,7 @@ from vocab.errors import ElmoError
 
 MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
 MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
-MIN_PASS_SHARE = 0.45  # ... and at least this share of the passes the next smaller shape gets (both capped)
+MIN_PASS_SHARE = 0.45  # ... and this share of the next smaller shape's passes (not capped), or the cap itself
 BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
 SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs)
 MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
@@ -260,14 +260,16 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
 
     def short_of_share(shape: Shape, passes: float, compiled: bool) -> str:
         """The line's clause refusing `shape` at `passes` under `MIN_PASS_SHARE` of the shape taken, else ""."""
-        if chosen is None or min(passes, cap) >= MIN_PASS_SHARE * below:
+        if chosen is None or passes >= cap or passes >= MIN_PASS_SHARE * below:
             return ""
         return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
                 f"{chosen[0].name}'s {below:.1f})")
 
     # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds) of the shape taken so far
     chosen: tuple[Shape, str, float, int, bool, float, float] | None = None
-    below = 0.0  # the passes (up to the cap) of the shape taken so far, at its fastest step
+    # the passes of the shape taken so far at its fastest step, not capped: the share weighs the shapes' speeds
+    # (a larger shape that itself reaches the cap is taken whatever its share)
+    below = 0.0
     refused = ""
     for shape in LADDER:
         dtype, rate, rows = fastest(shape)
@@ -288,7 +290,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         refused = short_of_share(shape, passes, compiled)
         if refused:
             break
-        chosen, below = (shape, dtype, rate, rows, compiled, eager_rate, took), min(passes, cap)
+        chosen, below = (shape, dtype, rate, rows, compiled, eager_rate, took), passes
         if passes < MIN_EPOCHS:  # a larger shape is slower still
             break
     shape, dtype, rate, rows, compiled, eager_rate, took = chosen

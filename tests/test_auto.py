@@ -128,6 +128,19 @@ def test_a_larger_shape_that_would_see_its_text_under_half_as_often_is_not_taken
     assert choose(facts(tokens=600_000, budget=3600), under).shape == SMALL.name  # 5.34 of 12: 0.445
 
 
+def test_the_share_is_of_the_smaller_shapes_passes_before_its_cap(no_bf16):
+    # the Intel Xeon's probes on the addresses (0.92M tokens) for 2 hours: 512/128 gets 42.6 passes, capped at
+    # 31.9; 1024/256 gets 17.6, 0.55 of the capped figure (which took it, and lost) but 0.41 of the speed
+    measure = rates({(SMALL.name, "fp32"): 5417.0, (LARGE.name, "fp32"): 2239.0})
+    choice = choose(facts(tokens=915_556, budget=7200, vocab=15_182), measure)
+    assert auto.max_epochs(915_556) == 31.9
+    assert choice.shape == SMALL.name and choice.expected_epochs == 31.9
+    assert choice.reason.endswith("LSTM 1024/256 would get 17.6 (< 0.45 x LSTM 512/128's 42.6)")
+    # where the larger shape reaches the cap itself it is taken, whatever its share of the smaller's speed
+    both = choose(facts(tokens=915_556, budget=15 * 3600, vocab=15_182), measure)
+    assert both.shape == LARGE.name and both.expected_epochs == 31.9
+
+
 def test_a_short_budget_keeps_the_small_shape_and_says_why(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1200.0})
     choice = choose(facts(tokens=800_000, budget=900), measure)
