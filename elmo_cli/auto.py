@@ -65,7 +65,7 @@ from vocab.errors import ElmoError
 
 MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
 MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
-MIN_PASS_SHARE = 0.45  # ... and this share of the next smaller shape's passes (not capped), or the cap itself
+MIN_PASS_SHARE = 0.45  # ... and this share of the next smaller shape's passes (not capped), or near the cap
 BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
 SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs)
 MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
@@ -259,17 +259,20 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         return eager, False, eager, 0.0
 
     def short_of_share(shape: Shape, passes: float, compiled: bool) -> str:
-        """The line's clause refusing `shape` at `passes` under `MIN_PASS_SHARE` of the shape taken, else ""."""
-        if chosen is None or passes >= cap or passes >= MIN_PASS_SHARE * below:
+        """The line's clause refusing `shape` at `passes` under `MIN_PASS_SHARE` of the shape taken and short of
+        the passes near the cap (`decay_from`), else ""."""
+        if chosen is None or passes >= near or passes >= MIN_PASS_SHARE * below:
             return ""
+        capped = f", and short of the {near:g} near the {cap:g}-pass cap" if below > cap else ""
         return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
-                f"{chosen[0].name}'s {below:.1f})")
+                f"{chosen[0].name}'s {below:.1f}{capped})")
 
     # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds) of the shape taken so far
     chosen: tuple[Shape, str, float, int, bool, float, float] | None = None
-    # the passes of the shape taken so far at its fastest step, not capped: the share weighs the shapes' speeds
-    # (a larger shape that itself reaches the cap is taken whatever its share)
+    # The passes of the shape taken so far at its fastest step, not capped: the share weighs the shapes' speeds.
+    # A larger shape that gets near the cap itself (where rule 4 gives it weight decay) is taken whatever its share.
     below = 0.0
+    near = decay_from(facts.train_tokens)
     refused = ""
     for shape in LADDER:
         dtype, rate, rows = fastest(shape)
