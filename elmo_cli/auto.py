@@ -5,13 +5,17 @@ What it knows: the training tokens and vocabulary size (the shard manifest), the
 steps of each candidate shape on this process (`train.measure_throughput`). The rule:
 
 1. The shapes of `LADDER` are probed from the smallest up. Each gets its expected passes over the corpus in the
-   budget, ``epochs = tokens/s x seconds / training tokens``, counted up to the pass cap (5.). A larger shape is
-   taken when it still gets `MIN_EPOCHS` and at least `MIN_PASS_SHARE` of the passes of the shape below it (the
-   smallest always qualifies); the probe stops at the first that does not. A larger model learns more per token,
-   but not enough to make up for seeing its text under half as often: the hours it lost had a share of 0.43 or
-   less (fp32 against the smaller shape; 0.33 an hour on an Intel Xeon, 7.6% behind), those it won 0.50 or more
-   (bf16 on AVX-512 BF16 CPUs): docs/auto.md. Each shape's passes are those of its fastest step, compiled where
-   8. keeps that: the smaller shape's compiled step is weighed against the larger one's.
+   budget, ``epochs = tokens/s x seconds / training tokens``. A larger shape is taken when it still gets
+   `MIN_EPOCHS` and either at least `MIN_PASS_SHARE` of the passes of the shape below it, counted before the pass
+   cap (5.), so in effect of its speed, or the passes near the cap (`decay_from`, where 4. gives it weight decay);
+   the smallest always qualifies, and the probe stops at the first that does not. A larger model learns more per
+   token, but not enough to make up for seeing its text under half as often: the hours it lost had a share of 0.43
+   or less (fp32 against the smaller shape; 0.33 an hour on an Intel Xeon, 7.6% behind), those it won 0.45 or
+   more (bf16 on AVX-512 BF16 CPUs), and the 2-hour cells it won at a lower share it ended near the cap. Where the
+   smaller shape reaches the cap, its capped passes are not the measure: an Intel Xeon's 2 hours took 1024/256 at
+   0.55 of them (0.41 of the speed, 17.7 passes, short of the cap) and lost to the smaller shape's hour
+   (docs/auto.md). Each shape's passes are those of its fastest step, compiled where 8. keeps that: the smaller
+   shape's compiled step is weighed against the larger one's.
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
@@ -303,7 +307,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
     dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
-    decay = WEIGHT_DECAY if epochs >= decay_from(facts.train_tokens) else 0.0
+    # the smallest shape never: on 0.92M tokens it lost 4.1% with decay at 19 passes and trailed far at the cap
+    decay = WEIGHT_DECAY if shape is not LADDER[0] and epochs >= decay_from(facts.train_tokens) else 0.0
     # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))
