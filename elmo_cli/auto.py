@@ -23,7 +23,10 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
 4. A budget that takes the run near the passes the corpus bears (`decay_from`: `DECAY_CAP_SHARE` of the cap of
    5., and never under `DECAY_FROM_EPOCHS`) trains with AdamW and decoupled weight decay (`WEIGHT_DECAY`): where
    the model has stopped improving (15 passes over 0.2M tokens) it gains 1.4-2.4% of held-out perplexity; where it
-   is still improving it holds the run back (19 passes over 0.92M tokens: 4.1% worse at the end).
+   is still improving it holds the run back (19 passes over 0.92M tokens: 4.1% worse at the end). The smallest
+   shape gets it only on a corpus up to `SMALLEST_DECAY_MAX_TOKENS`: on 0.92M tokens it held `512/128` back at 19
+   passes and at the pass cap alike; the gains at the cap were the smaller shape's on 0.2M tokens and the larger
+   shape's on 0.2M to 0.8M.
 5. A time budget worth more passes than the corpus bears (`max_epochs`: 12 up to 130k tokens, then growing with
    the square root of its size: 15 at 0.2M) ends the run after that many, with the schedule laid over them: more
    overfit it.
@@ -79,6 +82,10 @@ DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
 DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes at least; Adam below
 DECAY_CAP_SHARE = 0.8  # ... and from this share of the corpus's pass cap (max_epochs)
 WEIGHT_DECAY = 0.2
+# ... but for the smallest shape only on a corpus up to this size: 512/128 gained by decay at its plateau on
+# 0.2M tokens (15 passes) and lost by it on 0.92M (19 passes: 4.1% at the end; at the 31.9-pass cap far behind
+# at 48 minutes); the bound between the two, the geometric middle, is not measured
+SMALLEST_DECAY_MAX_TOKENS = 430_000
 # Rule 7 (a GPU's rows): a doubling that buys ROWS_GAIN more text a second at a quarter fewer updates. At equal time
 # on the CPU (docs/auto.md, "Batch rows at equal time"), 64 rows' text was worth 0.79 of 32 rows' (break-even at
 # 1.27x) and 128 rows' 0.47 (1.46x a doubling), read off 32 rows' own curve, after under 3,000 updates, where larger
@@ -307,8 +314,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
     dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
-    # the smallest shape never: on 0.92M tokens it lost 4.1% with decay at 19 passes and trailed far at the cap
-    decay = WEIGHT_DECAY if shape is not LADDER[0] and epochs >= decay_from(facts.train_tokens) else 0.0
+    decay = WEIGHT_DECAY if epochs >= decay_from(facts.train_tokens) and (
+        shape is not LADDER[0] or facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS) else 0.0
     # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))

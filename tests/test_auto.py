@@ -140,6 +140,11 @@ def test_the_share_is_of_the_smaller_shapes_passes_before_its_cap(no_bf16):
     # at the cap, past the 25.5 passes of rule 4, but the smallest shape trains without weight decay (rule 4)
     assert (choice.config.training.optimizer, choice.config.training.weight_decay) == ("adam", 0.0)
     assert "dropout 0.4, 1,024 negatives" in choice.reason and "AdamW" not in choice.reason
+    # on 0.2M tokens, where the smallest shape gained by decay at its plateau, it keeps it
+    slow = rates({(SMALL.name, "fp32"): 3000.0, (LARGE.name, "fp32"): 1000.0})
+    small = choose(facts(tokens=205_391, budget=900, vocab=5116, sentences=9000), slow)
+    assert small.shape == SMALL.name and small.expected_epochs == pytest.approx(13.1, abs=0.05)
+    assert (small.config.training.optimizer, small.config.training.weight_decay) == ("adamw", 0.2)
     assert choice.reason.endswith("LSTM 1024/256 would get 17.6 (< 0.45 x LSTM 512/128's 42.6, and short of the "
                                   "25.5 near the 31.9-pass cap)")
     # Austen's 2 hours on Zen 5 (0.78M tokens): 1024/256 in bf16 at 0.41 of 512/128's speed got 25.4 passes,
