@@ -314,8 +314,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
     dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
-    decay = WEIGHT_DECAY if epochs >= decay_from(facts.train_tokens) and (
-        shape is not LADDER[0] or facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS) else 0.0
+    decay = WEIGHT_DECAY if epochs >= near and (shape is not LADDER[0]
+                                                or facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS) else 0.0
     # The run's length in epochs: the cap, or (a time budget) far enough past the expected passes that the clock
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))
