@@ -49,6 +49,13 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    not compiled: the compiled step gained less for the larger shape wherever both were measured. `--no-compile`
    keeps every step eager.
 
+9. With a time budget, a shape's passes are counted over the seconds that will train it: the budget less the
+   probe's own seconds so far (the compilation's among them) and less its validations', each about
+   `VALIDATION_OVER_TRAINING` times faster per token than its fp32 eager training step. Validations come every
+   `VALIDATION_MINUTES`, or where one is slow as often as keeps them to `VALIDATION_SHARE` of the time (at most a
+   third of the budget apart); the run validates at that cadence. Counted over the whole budget, the passes
+   expected were 5-15% over those the runs made (docs/auto.md).
+
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
 numbers in this file were measured; docs/auto.md has the runs behind them.
@@ -96,8 +103,17 @@ ROWS_GAIN = 1.5
 # (1024/256): from 20 minutes it pays for itself several times over; under 10% faster it is not worth its time.
 COMPILE_FROM_SECONDS = 20 * 60.0
 COMPILE_GAIN = 1.1
+# Rule 9: the validations' minutes are the budget's. One validation (full softmax, fp32, eager, both directions) scores
+# its tokens at 1.3-1.6x the shape's fp32 eager training rate (the addresses' 85,047 held-out tokens on 2 Zen 4
+# cores: 512/128 4,942 tokens/s against 3,458-3,769 training, 1024/256 2,079 against 1,334-1,431)
+VALIDATION_OVER_TRAINING = 1.4
+VALIDATION_SHARE = 0.035  # the validations' share of a time budget the cadence keeps to, ...
+VALIDATION_MINUTES = 10.0  # ... from the recipe's every 10 minutes, stretched to at most a third of the budget
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
 PROBE_SECONDS = (1.0, 6.0)
+
+
+probe_clock = time.monotonic  # what times the probes in `choose`
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,7 @@ class Facts:
     batch_size: int | None = None  # --batch-size / --unroll-steps when given: the probe trains at those
     unroll_steps: int | None = None
     compile: bool = False  # a CPU with a C++ compiler, and no --no-compile: rule 8 may probe the compiled step
+    validation_minutes: float | None = None  # --validation-minutes when given, else rule 9 chooses the cadence
 
 
 @dataclass(frozen=True)
@@ -170,6 +187,22 @@ def probe_seconds(budget_seconds: float) -> float:
     return min(max(PROBE_FRACTION * (budget_seconds or EPOCHS_FOR_SHAPE_WITHOUT_TIME), lo), hi)
 
 
+def validation_cadence(one: float, budget_seconds: float, given: float | None = None) -> float:
+    """Rule 9's minutes between validations: the recipe's 10, stretched where one validation takes `one` seconds
+    so that they keep to `VALIDATION_SHARE` of the time, but to at most a third of the budget; `given` (the
+    user's) wins."""
+    if given:
+        return given
+    return min(max(VALIDATION_MINUTES, one / VALIDATION_SHARE / 60), max(VALIDATION_MINUTES, budget_seconds / 180))
+
+
+def training_seconds(left: float, one: float, minutes: float) -> float:
+    """Of `left` seconds of a time budget, those that train: the validations due every `minutes` after the last one
+    ended, `one` seconds each, come out; the run's last validation, after its clock ends, does not."""
+    periodic = math.floor(left / (60 * minutes + one)) if one > 0 else 0
+    return max(left - periodic * one, 1.0)
+
+
 def check_facts(facts: Facts, source: str) -> None:
     """The bad inputs `auto` refuses before probing: no budget, too little text, a budget under one validation."""
     if not facts.budget_seconds and not facts.epochs:
@@ -193,8 +226,10 @@ def _base(facts: Facts | None = None) -> RunConfig:
     return config
 
 
-def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: str = "--data") -> Choice:
-    """Apply the rule (module docstring). ``measure(config, seconds)`` returns training tokens/s of `config`.
+def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: str = "--data",
+           clock: Callable[[], float] | None = None) -> Choice:
+    """Apply the rule (module docstring). ``measure(config, seconds)`` returns training tokens/s of `config`;
+    `clock` (default `probe_clock`) times the probes, whose seconds are the budget's (rule 9).
 
     ``choose(Facts(800_000, 30_000, 10_000, 3600, None, 2, "cpu"), measure)`` -> `Choice` with the config, its
     one-line reason and the probes behind it.
@@ -209,12 +244,37 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     probes: list[Probe] = []
     rows_ladder = facts.device.startswith("cuda") and facts.batch_size is None and facts.budget_seconds > 0
     stopped: dict[str, str] = {}  # shape name -> why its rows stopped doubling (the GPU ladder)
+    clock = clock or probe_clock
+    began = clock()
+    fp32_rates: dict[str, float] = {}  # shape name -> its fp32 eager tokens/s, which a validation's time follows
 
     def rate_of(shape: Shape, dtype: str, rows: int) -> float:
         config = _config(base, shape, dtype, negatives, facts.threads)
         rate = measure(config.with_training(batch_size=rows, device=facts.device), seconds)  # the run's device
         probes.append(Probe(shape.name, dtype, rate, rows))
+        if dtype == "fp32" and rate > 0:
+            fp32_rates[shape.name] = rate
         return rate
+
+    def one_validation(shape: Shape, rate: float) -> float:
+        """Seconds of one validation of `shape` (rule 9): 0 without a time budget or validation shards."""
+        if not facts.budget_seconds or not facts.validation_tokens:
+            return 0.0
+        return facts.validation_tokens / (VALIDATION_OVER_TRAINING * fp32_rates.get(shape.name, rate))
+
+    def cadence(shape: Shape, rate: float) -> float:
+        return validation_cadence(one_validation(shape, rate), facts.budget_seconds, facts.validation_minutes)
+
+    def train_seconds(shape: Shape, rate: float) -> float:
+        """The seconds that will train `shape`: with a time budget, what the probes so far and the validations
+        leave of it; else the hour's budget rule 1 weighs shapes by."""
+        if not facts.budget_seconds:
+            return budget
+        one = one_validation(shape, rate)
+        return training_seconds(max(budget - (clock() - began), 1.0), one, cadence(shape, rate))
+
+    def passes_of(shape: Shape, rate: float) -> float:
+        return rate * train_seconds(shape, rate) / facts.train_tokens
 
     def fastest(shape: Shape) -> tuple[str, float, int]:
         """(dtype, tokens/s, rows): fp32, or bf16 where it is native and at least BF16_GAIN times faster; on a GPU
@@ -255,9 +315,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         # against a run's 1,500 on 2 Zen 1 cores, docs/auto.md), which would credit the compilation with it.
         eager = max(rate, measure(config, seconds))
         probes.append(Probe(shape.name, dtype, eager, rows))
-        start = time.monotonic()
+        start = clock()
         compiled_rate = measure(config.with_training(compile=True), seconds)
-        took = time.monotonic() - start
+        took = clock() - start
         probes.append(Probe(shape.name, dtype, compiled_rate, rows, compiled=True))
         if compiled_rate >= COMPILE_GAIN * eager:
             # and after it: both earlier eager probes can read low (2,567 tokens/s twice on an Intel Xeon held to
@@ -290,7 +350,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if chosen is None and rate == 0:
             raise ElmoError(f"--preset auto: a training step of {shape.name} at {rows} batch rows does not fit in "
                             f"the memory of {facts.device} (nothing was written)")
-        passes = rate * budget / facts.train_tokens
+        passes = passes_of(shape, rate)
+        if chosen is not None:  # the shape taken, counted over the same seconds left
+            below = passes_of(chosen[0], chosen[2])
         if chosen is not None and passes < MIN_EPOCHS:
             refused = f"; {shape.name} would get {passes:.1f} (< {MIN_EPOCHS:g})"
             break
@@ -300,7 +362,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if refused:
             break
         rate, compiled, eager_rate, took = at_best(shape, dtype, rate, rows)
-        passes = rate * max(budget - took, 1.0) / facts.train_tokens
+        passes = passes_of(shape, rate)
+        if chosen is not None:
+            below = passes_of(chosen[0], chosen[2])
         refused = short_of_share(shape, passes, compiled)
         if refused:
             break
@@ -308,9 +372,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if passes < MIN_EPOCHS:  # a larger shape is slower still
             break
     shape, dtype, rate, rows, compiled, eager_rate, took = chosen
-    if compiled:
-        budget = max(budget - took, 1.0)  # the compilation's minutes are the budget's
-    budget_epochs = rate * budget / facts.train_tokens
+    trains = train_seconds(shape, rate)  # the probes' seconds, the compilation's among them, and the validations'
+    every = cadence(shape, rate)
+    budget_epochs = rate * trains / facts.train_tokens
     capped = not facts.epochs and budget_epochs > cap
     epochs = facts.epochs or min(budget_epochs, cap)
     dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
@@ -320,13 +384,22 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     # ends the run and the schedule follows the clock; with --epochs/--max-steps the flags set it.
     run_epochs = cap if capped else max(base.training.epochs, math.ceil(2 * budget_epochs))
     config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows, compile=compiled)
-    optimizer = {"optimizer": "adamw", "weight_decay": decay} if decay else {}
+    extra = {"optimizer": "adamw", "weight_decay": decay} if decay else {}
+    if facts.budget_seconds and facts.validation_tokens and not facts.validation_minutes:
+        extra["validation_minutes"] = every
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
-                                                                      epochs=run_epochs, **optimizer))
+                                                                      epochs=run_epochs, **extra))
     if facts.budget_seconds:
         measured = f" (compiled; eager {eager_rate:,.0f})" if compiled else ""
-        why = (f"{rate:,.0f} tokens/s measured{measured} x {_minutes(budget)} = {budget_epochs:.1f} passes "
-               f"over {facts.train_tokens / 1e6:.2f}M tokens")
+        left_out, spent, one = "", clock() - began, one_validation(shape, rate)
+        if budget - trains >= 1.0:
+            periodic = math.floor(max(budget - spent, 1.0) / (60 * every + one)) if one else 0
+            vals = f" and {periodic} validation{'s' if periodic != 1 else ''} of {one:.0f} s" if periodic else ""
+            left_out = f" ({_minutes(budget)} less the probe's {_minutes(spent)}{vals})"
+        why = (f"{rate:,.0f} tokens/s measured{measured} x {_minutes(trains)}{left_out} = {budget_epochs:.1f} "
+               f"passes over {facts.train_tokens / 1e6:.2f}M tokens")
+        if "validation_minutes" in extra and every != VALIDATION_MINUTES:
+            why += f", validated every {every:g} min"
         if capped:
             why += (f"; it stops after {cap:g} (about {_minutes(cap * facts.train_tokens / rate)}): "
                     f"more passes overfit so little text")
@@ -359,7 +432,8 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     given.update({k: v for k, v in (user or {}).get("training", {}).items() if k in ("max_time", "epochs",
                                                                                      "max_steps", "threads",
                                                                                      "device", "batch_size",
-                                                                                     "unroll_steps")
+                                                                                     "unroll_steps",
+                                                                                     "validation_minutes")
                   and k not in given})
     if launched_world_size() > 1:
         raise ElmoError("--preset auto probes one process; under torchrun give a fixed preset, or the choice of an "
@@ -375,7 +449,8 @@ def auto_config(data_dir: Path, validation_dir: Path | None, user: dict | None, 
     may_compile = given.get("compile") is not False and device == "cpu" and machine.cxx_compiler() is not None
     facts = Facts(tokens, dataset.num_sentences, len(dataset.vocab), float(given.get("max_time") or 0.0), epochs,
                   threads, device, vdataset.total_tokens if vdataset is not None else 0,
-                  given.get("batch_size"), given.get("unroll_steps"), may_compile)
+                  given.get("batch_size"), given.get("unroll_steps"), may_compile,
+                  given.get("validation_minutes") or None)
     start = time.monotonic()
     choice = choose(facts, lambda config, seconds: probe_rate(config, dataset, seconds), str(data_dir))
     spent = time.monotonic() - start

@@ -36,6 +36,12 @@ def facts(tokens=800_000, budget=3600.0, epochs=None, device="cpu", vocab=10_000
     return Facts(tokens, sentences, vocab, budget, epochs, 2, device)
 
 
+@pytest.fixture(autouse=True)
+def instant_probes(monkeypatch):
+    """The fake probes take no time: the budget's seconds are all the run's unless a test's clock says otherwise."""
+    monkeypatch.setattr(auto, "probe_clock", lambda: 0.0)
+
+
 @pytest.fixture
 def no_bf16(monkeypatch):
     monkeypatch.setattr(machine, "cpu_bf16", lambda: False)
