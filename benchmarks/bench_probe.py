@@ -6,6 +6,12 @@ cost in quality at equal time is not measured here: an hour per cell).
 
     python -m benchmarks.bench_probe [--corpus austen] [--seconds 20] [--repeats 3] [--threads 2] [--rows 32 64 128]
     python -m benchmarks.bench_probe --trace 24 [--corpus sotu] [--label NAME]
+    python -m benchmarks.bench_probe --validation [--corpus sotu] [--rows 32] [--label NAME]
+
+``--validation`` also times, REPEATS times per shape, one validation of the corpus's held-out shards as `train`
+makes it (`train.validation_perplexity`: full softmax, fp32, eager, 64 rows) on a fresh model, and its tokens/s
+over the shape's fp32 training rate: what `auto`'s rule 9 counts a validation's seconds by
+(`auto.VALIDATION_OVER_TRAINING`).
 
 ``--trace SECONDS`` measures instead how a probe's rate settles: each shape and dtype at 32 rows trains SECONDS
 once, as the probe does, and the record keeps the tokens/s of each 2-second interval, the rate a probe of
@@ -22,19 +28,22 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 
 import torch
 
 from benchmarks.corpora import probe_arguments, probe_corpus
 from benchmarks.results import Recording
 from elmo_cli import auto, machine
-from elmo_cli.train import measure_throughput
+from elmo_cli.model import BiLM
+from elmo_cli.train import measure_throughput, open_shards, validation_perplexity
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = probe_arguments(__doc__.split("\n")[0], seconds=20.0, repeats=3)
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--trace", type=float, default=0.0, help="seconds of one traced probe per shape and dtype")
+    parser.add_argument("--validation", action="store_true", help="time a validation of the held-out shards too")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     info, data, base, negatives = probe_corpus(args)
@@ -45,11 +54,15 @@ def main(argv: list[str] | None = None) -> None:
     with Recording("probe", command, args.threads, args.label) as rec:
         cells = [(shape, dtype, rows) for shape in auto.LADDER for dtype in dtypes for rows in args.rows]
         rates: dict[tuple[str, str, int], list[float]] = {}
+        validations: dict[str, list[tuple[float, float]]] = {}  # shape -> (seconds, tokens/s) of each validation
+        heldout = open_shards(args.out / args.corpus / "heldout") if args.validation else None
         for repeat in range(args.repeats):
             for shape, dtype, rows in (cells if repeat % 2 == 0 else cells[::-1]):
                 config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu",
                                                                                                  batch_size=rows)
                 rates.setdefault((shape.name, dtype, rows), []).append(measure_throughput(config, data, args.seconds))
+            for shape in (auto.LADDER if heldout is not None else ()):
+                validations.setdefault(shape.name, []).append(time_validation(shape, data, heldout, base))
         rec.figures = {"corpus": args.corpus, "train_tokens": info["train_tokens"], "seconds": args.seconds,
                        "negatives": negatives, "bf16_native": "bf16" in dtypes, "torch_threads": torch.get_num_threads()}
         median = {cell: statistics.median(r) for cell, r in rates.items()}
@@ -67,12 +80,30 @@ def main(argv: list[str] | None = None) -> None:
                     if rows != 32 and 32 in args.rows:
                         rec.figures[f"{s.name} {dtype} {rows} over 32 rows"] = round(
                             median[(s.name, dtype, rows)] / median[(s.name, dtype, 32)], 2)
+        for name, runs in validations.items():
+            seconds = statistics.median(t for t, _ in runs)
+            rate = statistics.median(r for _, r in runs)
+            rec.figures[f"{name} validation"] = {"seconds_median": round(seconds, 1), "tokens_per_s_median": round(rate),
+                                                 "heldout_tokens": heldout.total_tokens,
+                                                 "runs": [round(r) for _, r in runs]}
+            if 32 in args.rows:
+                rec.figures[f"{name} validation over fp32 training"] = round(rate / median[(name, "fp32", 32)], 2)
         if "bf16" in dtypes and 32 in args.rows:
             for s in auto.LADDER:
                 rec.figures[f"{s.name} bf16 over fp32"] = round(median[(s.name, "bf16", 32)] /
                                                                 median[(s.name, "fp32", 32)], 2)
         for key, value in rec.figures.items():
             print(f"{key}: {value}")
+
+
+def time_validation(shape, data, heldout, base) -> tuple[float, float]:
+    """(seconds, held-out tokens/s) of one validation of a fresh `shape` model, as a run makes it."""
+    model = BiLM(shape.model, vocab_size=len(data.vocab))
+    batch = max(base.training.batch_size, 64)  # train.validate's rows
+    start = time.monotonic()
+    validation_perplexity(model, heldout, batch, torch.device("cpu"))
+    seconds = time.monotonic() - start
+    return seconds, heldout.total_tokens / seconds
 
 
 def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None:

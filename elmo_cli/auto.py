@@ -193,7 +193,8 @@ def validation_cadence(one: float, budget_seconds: float, given: float | None = 
     user's) wins."""
     if given:
         return given
-    return min(max(VALIDATION_MINUTES, one / VALIDATION_SHARE / 60), max(VALIDATION_MINUTES, budget_seconds / 180))
+    stretched = math.ceil(one / VALIDATION_SHARE / 60)  # whole minutes
+    return min(max(VALIDATION_MINUTES, stretched), max(VALIDATION_MINUTES, budget_seconds / 180))
 
 
 def training_seconds(left: float, one: float, minutes: float) -> float:

@@ -777,3 +777,72 @@ def test_a_benchmarks_machine_names_each_instruction_set_cap_in_force(monkeypatc
     facts = machine(2)
     assert (facts["aten_cpu_capability"], facts["mkl_enable_instructions"], facts["onednn_max_cpu_isa"]) == (
         "avx2", "AVX2", "AVX2")
+
+
+def ticking(table: dict[tuple[str, str], float], eager_seconds: float, compiled_seconds: float, compiled_gain=1.0):
+    """A fake probe whose calls take time on a fake clock: `eager_seconds` each, `compiled_seconds` a compiled one
+    (its compilation), which reads `compiled_gain` times the eager rate. Returns (measure, clock)."""
+    now = [0.0]
+    eager = rates(table)
+
+    def measure(config, seconds):
+        now[0] += compiled_seconds if config.training.compile else eager_seconds
+        return eager(config, seconds) * (compiled_gain if config.training.compile else 1.0)
+    return measure, lambda: now[0]
+
+
+def test_rule_9_counts_the_passes_over_the_seconds_left_after_the_probe_and_the_validations(no_bf16):
+    # 2 AVX2 cores without a compiler: 512/128 at 2,000 tokens/s, each probe 10 s; 85,047 held-out tokens
+    measure, clock = ticking({(SMALL.name, "fp32"): 2000.0, (LARGE.name, "fp32"): 700.0}, 10.0, 0.0)
+    hour = dataclasses.replace(facts(tokens=915_556, budget=3600), validation_tokens=85_047)
+    choice = choose(hour, measure, clock=clock)
+    assert choice.shape == SMALL.name and [p.shape for p in choice.probes] == [SMALL.name, LARGE.name]
+    one = 85_047 / (auto.VALIDATION_OVER_TRAINING * 2000.0)  # 30.4 s a validation
+    assert auto.validation_cadence(one, 3600) == 15.0  # 3.5% of the time: every 14.5 minutes, in whole minutes
+    left = 3600 - 20.0  # the two probes' seconds
+    trains = left - 3 * one  # validations after 15, 30 and 45 minutes; the last one is after the clock
+    assert auto.training_seconds(left, one, 15.0) == pytest.approx(trains)
+    assert choice.expected_epochs == pytest.approx(2000.0 * trains / 915_556)
+    assert "2,000 tokens/s measured x 58.1 min (60 min less the probe's 20 s and 3 validations of 30 s) = 7.6 " \
+           "passes" in choice.reason and choice.reason.endswith("validated every 15 min; LSTM 1024/256 would get " \
+                                                                "2.6 (< 4)")
+    assert choice.config.training.validation_minutes == 15.0
+
+
+def test_a_slow_validation_is_made_less_often_and_the_users_cadence_wins():
+    assert auto.validation_cadence(42.4, 3600) == 20.0  # 3.5% would be every 20.2 min: at most a third of the hour
+    assert auto.validation_cadence(42.4, 7200) == 21.0  # every 20.2 min, in whole minutes
+    assert auto.validation_cadence(5.0, 900) == 10.0  # never more often than the recipe's 10 minutes
+    assert auto.validation_cadence(42.4, 3600, given=5.0) == 5.0
+    # 2 validations of 42.4 s in an hour at 20 minutes (after 20 and 40), against 5 at the recipe's 10
+    assert auto.training_seconds(3600, 42.4, 20.0) == pytest.approx(3600 - 2 * 42.4)
+    assert auto.training_seconds(3600, 42.4, 10.0) == pytest.approx(3600 - 5 * 42.4)
+    assert auto.training_seconds(3600, 0.0, 10.0) == 3600  # no validation shards
+
+
+def test_the_larger_shape_is_weighed_over_the_same_seconds_left_and_its_slower_validations(monkeypatch):
+    # the Zen 4's hour on the addresses (docs/auto.md): 512/128 fp32 3,622 tokens/s, bf16 0.99x of it; 1024/256
+    # fp32 1,431, bf16 1,743; its compiled step 1.25x; each eager probe 9 s, each compiled one 80 s
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
+    table = {(SMALL.name, "fp32"): 3622.0, (SMALL.name, "bf16"): 3570.0, (LARGE.name, "fp32"): 1431.0,
+             (LARGE.name, "bf16"): 1743.0}
+
+    def measure_of(gain_large):
+        measure, clock = ticking(table, 9.0, 80.0)
+
+        def gained(config, seconds):
+            rate = measure(config, seconds)
+            large = config.model.lstm.dim == 1024
+            return rate * (gain_large if large and config.training.compile else 1.0)
+        return gained, clock
+
+    hour = dataclasses.replace(facts(tokens=915_556, budget=3600), validation_tokens=85_047, compile=True)
+    measure, clock = measure_of(1.2467)  # 2,173 tokens/s compiled
+    choice = choose(hour, measure, clock=clock)
+    assert choice.shape == LARGE.name and choice.config.training.compile and choice.config.training.dtype == "bf16"
+    spent = 9 * 7 + 80 * 2  # 512/128: fp32, bf16, eager again, compiled; 1024/256: the same and eager after
+    one = 85_047 / (auto.VALIDATION_OVER_TRAINING * 1431.0)  # its validations are timed by its fp32 step
+    assert choice.config.training.validation_minutes == 20.0
+    assert choice.expected_epochs == pytest.approx(2173.0 * (3600 - spent - 2 * one) / 915_556, rel=1e-3)
+    assert "x 54.9 min (60 min less the probe's 3.7 min and 2 validations of 42 s) = 7.8 passes" in choice.reason
+    assert choice.reason.endswith("validated every 20 min")
