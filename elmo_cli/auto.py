@@ -54,7 +54,7 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    `VALIDATION_OVER_TRAINING` times faster per token than its fp32 eager training step. Validations come every
    `VALIDATION_MINUTES`, or where one is slow as often as keeps them to `VALIDATION_SHARE` of the time (at most a
    third of the budget apart); the run validates at that cadence. Counted over the whole budget, the passes
-   expected were 5-15% over those the runs made (docs/auto.md).
+   expected were up to 17% over those the runs made (docs/auto.md).
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
@@ -104,8 +104,8 @@ ROWS_GAIN = 1.5
 COMPILE_FROM_SECONDS = 20 * 60.0
 COMPILE_GAIN = 1.1
 # Rule 9: the validations' minutes are the budget's. One validation (full softmax, fp32, eager, both directions) scores
-# its tokens at 1.3-1.6x the shape's fp32 eager training rate (the addresses' 85,047 held-out tokens on 2 Zen 4
-# cores: 512/128 4,942 tokens/s against 3,458-3,769 training, 1024/256 2,079 against 1,334-1,431)
+# its tokens at 1.47x (512/128) and 1.69x (1024/256) the shape's fp32 eager training rate on the addresses' 85,047
+# held-out tokens on 2 Zen 4 cores (`bench_probe --validation`, docs/auto.md); 1.4 counts a validation a little long
 VALIDATION_OVER_TRAINING = 1.4
 VALIDATION_SHARE = 0.035  # the validations' share of a time budget the cadence keeps to, ...
 VALIDATION_MINUTES = 10.0  # ... from the recipe's every 10 minutes, stretched to at most a third of the budget
@@ -197,11 +197,15 @@ def validation_cadence(one: float, budget_seconds: float, given: float | None = 
     return min(max(VALIDATION_MINUTES, stretched), max(VALIDATION_MINUTES, budget_seconds / 180))
 
 
+def periodic_validations(left: float, one: float, minutes: float) -> int:
+    """The validations a run makes in `left` seconds before its clock ends, due every `minutes` after the last one
+    ended, `one` seconds each (the run's last validation, after its clock ends, is not among them)."""
+    return math.floor(left / (60 * minutes + one)) if one > 0 else 0
+
+
 def training_seconds(left: float, one: float, minutes: float) -> float:
-    """Of `left` seconds of a time budget, those that train: the validations due every `minutes` after the last one
-    ended, `one` seconds each, come out; the run's last validation, after its clock ends, does not."""
-    periodic = math.floor(left / (60 * minutes + one)) if one > 0 else 0
-    return max(left - periodic * one, 1.0)
+    """Of `left` seconds of a time budget, those that train: the `periodic_validations` come out."""
+    return max(left - periodic_validations(left, one, minutes) * one, 1.0)
 
 
 def check_facts(facts: Facts, source: str) -> None:
@@ -394,7 +398,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         measured = f" (compiled; eager {eager_rate:,.0f})" if compiled else ""
         left_out, spent, one = "", clock() - began, one_validation(shape, rate)
         if budget - trains >= 1.0:
-            periodic = math.floor(max(budget - spent, 1.0) / (60 * every + one)) if one else 0
+            periodic = periodic_validations(max(budget - spent, 1.0), one, every)
             vals = f" and {periodic} validation{'s' if periodic != 1 else ''} of {one:.0f} s" if periodic else ""
             left_out = f" ({_minutes(budget)} less the probe's {_minutes(spent)}{vals})"
         why = (f"{rate:,.0f} tokens/s measured{measured} x {_minutes(trains)}{left_out} = {budget_epochs:.1f} "
