@@ -550,7 +550,12 @@ def _runs(name: str):
             yield r["preset"], r["minutes"], r["train_tokens"], r["ratio_kn5"], r.get("cpu", ""), r.get("command")
         return
     record = json.loads(path.read_text(encoding="utf-8"))
-    f = record["figures"]  # the laptop recipe's earlier benchmark: validations beside KN5
+    f = record["figures"]
+    if "runs" in f:  # `bench_quality --label`: its runs, as a .jsonl holds them, under one command and machine
+        for r in f["runs"]:
+            yield r["preset"], r["minutes"], r["train_tokens"], r["ratio_kn5"], r.get("cpu", ""), None
+        return
+    # the laptop recipe's earlier benchmark: validations beside KN5
     best = min(v["average_perplexity"] for v in f["validations"]) / f["kn5"]
     yield f["preset"], f["minutes"], f["split"]["train_tokens"], best, record["machine"]["cpu"], None
 
