@@ -544,20 +544,18 @@ BENCH_FLAGS = {"--data", "--validation", "--output", "--preset", "--max-time", "
 def _runs(name: str):
     """(preset, minutes, training tokens, best biLM/KN5, CPU, command or None) of every run in a results file."""
     path = RESULTS / name
-    if path.suffix == ".jsonl":
-        for line in path.read_text(encoding="utf-8").splitlines():
-            r = json.loads(line)
-            yield r["preset"], r["minutes"], r["train_tokens"], r["ratio_kn5"], r.get("cpu", ""), r.get("command")
-        return
-    record = json.loads(path.read_text(encoding="utf-8"))
-    f = record["figures"]
-    if "runs" in f:  # `bench_quality --label`: its runs, as a .jsonl holds them, under one command and machine
-        for r in f["runs"]:
-            yield r["preset"], r["minutes"], r["train_tokens"], r["ratio_kn5"], r.get("cpu", ""), None
-        return
-    # the laptop recipe's earlier benchmark: validations beside KN5
-    best = min(v["average_perplexity"] for v in f["validations"]) / f["kn5"]
-    yield f["preset"], f["minutes"], f["split"]["train_tokens"], best, record["machine"]["cpu"], None
+    if path.suffix == ".jsonl":  # one run a line, as `benchmarks.bench_quality` writes them
+        runs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    else:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        f = record["figures"]
+        if "runs" not in f:  # the laptop recipe's earlier benchmark: validations beside KN5
+            best = min(v["average_perplexity"] for v in f["validations"]) / f["kn5"]
+            yield f["preset"], f["minutes"], f["split"]["train_tokens"], best, record["machine"]["cpu"], None
+            return
+        runs = f["runs"]  # `bench_quality --label`: the same records under one command and machine
+    for r in runs:
+        yield r["preset"], r["minutes"], r["train_tokens"], r["ratio_kn5"], r.get("cpu", ""), r.get("command")
 
 
 @pytest.mark.parametrize("ref", REFERENCES, ids=lambda r: f"{r.corpus}-{r.minutes:g}m-{r.preset}-{r.machine}")
