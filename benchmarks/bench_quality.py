@@ -103,6 +103,7 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
     rates = sorted(r["tokens_per_s"] for r in records if r.get("kind") == "train")
     best = min(validations, key=lambda v: v["average_perplexity"])
     baseline = next(r for r in records if r.get("kind") == "baseline")
+    chosen = next((r for r in records if r.get("kind") == "auto"), None)
     config = json.loads((run_dir / "config.json").read_text())
     return {"corpus": info["corpus"], "preset": preset, "minutes": minutes, "threads": threads,
             "train_tokens": info["train_tokens"], "vocab_size": info["vocab_size"],
@@ -116,8 +117,25 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "optimizer": config["training"]["optimizer"], "weight_decay": config["training"]["weight_decay"],
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
+            "tokens_per_s_by_5min": rate_by_window(records, 300.0),
+            **({"probe_tokens_per_s": chosen["tokens_per_s"], "probe_seconds": chosen["probe_seconds"],
+                "probes": chosen["probes"]} if chosen else {}),
             "cpu": cpu_model(), **isa_caps(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
             **{f"asked_{k}": v for k, v in asked.items()}}
+
+
+def rate_by_window(records: list[dict], seconds: float) -> list[float]:
+    """The training tokens/s of each `seconds` of a run's training clock, from metrics.jsonl's train records (each
+    one's tokens/s is over the steps since the one before, validations left out: `train._Meter`): the tokens
+    trained in the window over the time they took, to read a run's speed against its probe minute by minute."""
+    windows: dict[int, list[float]] = {}  # window -> [tokens, seconds]
+    before = 0
+    for r in (r for r in records if r.get("kind") == "train"):
+        tokens, before = r["tokens"] - before, r["tokens"]
+        w = windows.setdefault(int(r["elapsed"] // seconds), [0.0, 0.0])
+        w[0] += tokens
+        w[1] += tokens / max(r["tokens_per_s"], 1e-9)
+    return [round(t / s, 1) for _, (t, s) in sorted(windows.items()) if s > 0]
 
 
 def table(records: list[dict]) -> str:

@@ -155,12 +155,20 @@ class Probe:
 @dataclass(frozen=True)
 class Choice:
     config: RunConfig
-    reason: str  # one line for the console and metrics.jsonl
+    reason: str  # one line for the console and metrics.jsonl (`record`)
     probes: tuple[Probe, ...]
     expected_epochs: float
     shape: str
     tokens_per_s: float  # the chosen shape's, at the chosen dtype
     probe_seconds: float = 0.0  # wall time of the probe (set by `auto_config`)
+
+    def record(self) -> dict:
+        """What metrics.jsonl keeps of the choice (its ``{"kind": "auto"}`` record): the line, the passes it
+        expects, the probe's seconds and every probe, so a run's speed can be read against what was measured."""
+        return {"reason": self.reason, "shape": self.shape, "tokens_per_s": round(self.tokens_per_s, 1),
+                "expected_epochs": round(self.expected_epochs, 2), "probe_seconds": round(self.probe_seconds, 1),
+                "probes": [{"shape": p.shape, "dtype": p.dtype, "rows": p.rows, "compiled": p.compiled,
+                            "tokens_per_s": round(p.tokens_per_s, 1)} for p in self.probes]}
 
 
 def dropout_for(epochs: float) -> float:

@@ -339,16 +339,17 @@ def cli_train(
             seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, compile=True if compile_loops else (False if no_compile else None), threads=threads,
             checkpoint_every=checkpoint_every,
             validation_every=validation_every, patience=patience, baseline=False if no_baseline else None)
-        cfg, reason = training.resolve_config(output, data, preset=preset, config_file=config, flags=flags,
+        cfg, choice = training.resolve_config(output, data, preset=preset, config_file=config, flags=flags,
                                               validation_dir=validation, resume=resume, fine_tuning=fine_tuning)
         start_from = model_files(init_from, options, weights) if fine_tuning else None
         rank0 = is_main_process()
-        if reason and rank0:
-            console.print(reason, highlight=False)
+        if choice is not None and rank0:
+            console.print(choice.reason, highlight=False)
         report = _TrainReport(rank0)
         try:
             result = training.train(cfg, data, output, validation_dir=validation, resume=resume,
-                                    init_from=start_from, reset_softmax=reset_softmax, on_step=report)
+                                    init_from=start_from, reset_softmax=reset_softmax, on_step=report,
+                                    chosen=choice.record() if choice is not None else None)
         finally:
             report.stop()
         if rank0:

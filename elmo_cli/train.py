@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,9 @@ from elmo_cli.train_config import RunConfig, TrainingConfig, read_config_file, s
 from vocab.errors import ElmoError
 from vocab.text import atomic_write_bytes, read_json
 from vocab.shards import ShardDataset
+
+if TYPE_CHECKING:  # auto imports train's helpers; train names its Choice only in annotations
+    from elmo_cli.auto import Choice
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -218,7 +221,7 @@ def resume_config(run_dir: Path) -> RunConfig:
 
 def resolve_config(run_dir: Path, data_dir: Path, *, preset: str | None = None, config_file: Path | None = None,
                    flags: dict | None = None, validation_dir: Path | None = None, resume: bool = False,
-                   fine_tuning: bool = False) -> tuple[RunConfig, str | None]:
+                   fine_tuning: bool = False) -> "tuple[RunConfig, Choice | None]":
     """The configuration a `train` call runs with, from what the user gave, as the command line resolves it.
 
     - ``preset="auto"``: a new run measures this machine and chooses (`elmo_cli.auto`), a resumed one keeps the
@@ -227,7 +230,7 @@ def resolve_config(run_dir: Path, data_dir: Path, *, preset: str | None = None, 
       config.json; either way `flags` (``TrainingConfig`` fields, None = not given) are laid over it.
 
     # Returns
-    the `RunConfig` and, for a fresh ``auto`` choice, its one-line reason (else None).
+    the `RunConfig` and, for a fresh ``auto`` choice, the `elmo_cli.auto.Choice` (its line, its probes), else None.
     """
     flags = flags or {}
     if preset == AUTO and fine_tuning:
@@ -235,9 +238,7 @@ def resolve_config(run_dir: Path, data_dir: Path, *, preset: str | None = None, 
     if preset == AUTO and not resume:
         from elmo_cli.auto import auto_config
 
-        cfg, choice = auto_config(data_dir, validation_dir, read_config_file(config_file) if config_file else None,
-                                  flags)
-        return cfg, choice.reason
+        return auto_config(data_dir, validation_dir, read_config_file(config_file) if config_file else None, flags)
     if resume and (preset == AUTO or (config_file is None and preset is None)):
         return resume_config(run_dir).with_training(**flags), None
     return load_config(config_file, preset).with_training(**flags), None
@@ -475,7 +476,7 @@ def _improved(best: dict | None, result: dict) -> bool:
 # ---- the entry point --------------------------------------------------------------------------------------------
 def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: Path | None = None,
           resume: bool = False, init_from: "Path | ModelFiles | None" = None, reset_softmax: bool = False,
-          on_step: Callable[[StepInfo], None] | None = None) -> TrainResult:
+          on_step: Callable[[StepInfo], None] | None = None, chosen: dict | None = None) -> TrainResult:
     """Train (or resume training) a biLM on shards; see the module docstring.
 
     # Parameters
@@ -490,6 +491,8 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
     init_from : the model to start from (fine-tuning): a model directory, an options.json path or `ModelFiles`
         (`model_files.model_files`); reset_softmax re-initialises its softmax.
     on_step : called on rank 0 after every step with a `StepInfo`.
+    chosen : how the configuration was chosen (``auto.Choice.record()``): a new run's metrics.jsonl opens with it
+        as ``{"kind": "auto", "step": 0, ...}``.
 
     # Returns
     `TrainResult` (rank 0's view).
@@ -498,7 +501,7 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
         raise ElmoError("--reset-softmax only applies with --init-from MODEL")
     with _training_process(config.training.threads):
         return _train(config, Path(data_dir), Path(run_dir), validation_dir, resume, init_from, reset_softmax,
-                      on_step)
+                      on_step, chosen)
 
 
 @contextlib.contextmanager
@@ -608,7 +611,7 @@ class _Trainer:
     """
 
     def __init__(self, config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None,
-                 resume: bool, init_from: "Path | ModelFiles | None", reset_softmax: bool):
+                 resume: bool, init_from: "Path | ModelFiles | None", reset_softmax: bool, chosen: dict | None = None):
         tc = config.training
         self.ddp, self.device = init_distributed(resolve_device(tc.device))
         self.autocast = torch.bfloat16 if tc.dtype == "bf16" else None
@@ -642,6 +645,8 @@ class _Trainer:
                                       ckpt.get("best"), int(ckpt.get("bad_validations", 0)))
             if self.ddp.main:
                 _truncate_metrics(run_dir / METRICS_FILE, self.progress.step)
+        if ckpt is None and chosen:
+            self.files.log({"kind": "auto", "step": 0, **chosen})
         self.keep_best = self.vdataset is not None and tc.keep_best
         self.baseline = None
         if self.vdataset is not None and tc.baseline and self.ddp.main:
@@ -875,8 +880,9 @@ def _decide(tr: _Trainer, stop: _StopFlag, last_ckpt: tuple[int, float], last_va
 
 
 def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None, resume: bool,
-           init_from: "Path | ModelFiles | None", reset_softmax: bool, on_step: Callable[[StepInfo], None] | None) -> TrainResult:
-    tr = _Trainer(config, data_dir, run_dir, validation_dir, resume, init_from, reset_softmax)
+           init_from: "Path | ModelFiles | None", reset_softmax: bool, on_step: Callable[[StepInfo], None] | None,
+           chosen: dict | None = None) -> TrainResult:
+    tr = _Trainer(config, data_dir, run_dir, validation_dir, resume, init_from, reset_softmax, chosen)
     tc, run, total = tr.tc, tr.progress, tr.state.total_steps
     resumed_from = run.step
     tr.state.model.train()

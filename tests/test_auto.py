@@ -421,10 +421,20 @@ def test_auto_trains_within_its_budget_and_places_the_result(corpus, tmp_path):
     assert float(placed[-1].split("x KN5")[0]) == pytest.approx(best / kn5, abs=0.0011), r.stdout
     assert saved["training"]["max_time"] < 24.0  # the probe's seconds come out of the budget
     assert saved["training"]["threads"] == 1
+    # metrics.jsonl opens with the choice: the line as printed, and the probe whose rate the line names
+    chosen = records[0]
+    assert chosen["kind"] == "auto" and chosen["step"] == 0 and chosen["reason"] == lines[0]
+    assert chosen["shape"] == f"LSTM {shape}" and chosen["probe_seconds"] == pytest.approx(24.0 - saved["training"]["max_time"],
+                                                                                 abs=0.06)
+    named = int(m[2].replace(",", ""))
+    assert any(p["shape"] == f"LSTM {shape}" and p["rows"] == saved["training"]["batch_size"]
+               and abs(p["tokens_per_s"] - named) <= 1 for p in chosen["probes"]), chosen["probes"]
     # the repeated command resumes the run's own choice (no new probe that could choose differently)
     again = runner.invoke(app, [*args[:-6], "--max-time", "25s", "--threads", "1", "--device", "cpu", "--resume"])
     assert again.exit_code == 0, again.output
     assert not again.stdout.startswith("auto:")
+    resumed = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["kind"] for x in resumed].count("auto") == 1 and resumed[0] == chosen
     assert json.loads((out / "config.json").read_text())["lstm"] == saved["lstm"]
 
 
@@ -763,6 +773,21 @@ def test_the_benchmark_trains_a_preset_at_another_shape_by_a_config_file(tmp_pat
     assert merged.model == MODEL_SHAPES["1024/256"]
     assert (merged.model.lstm.dim, merged.model.lstm.projection_dim) == (1024, 256)
     assert merged.training == laptop.training
+
+
+def test_the_benchmark_reads_a_runs_speed_by_window_as_tokens_over_the_time_they_took():
+    """`bench_quality`'s tokens/s by 5 minutes (read against the probe): each train record's tokens since the one
+    before, over those tokens' own rate; a validation between records is not in any window."""
+    from benchmarks.bench_quality import rate_by_window
+
+    records = [{"kind": "auto", "step": 0}, {"kind": "baseline", "step": 0},
+               {"kind": "train", "tokens": 1000, "tokens_per_s": 100.0, "elapsed": 10.0},
+               {"kind": "train", "tokens": 3000, "tokens_per_s": 200.0, "elapsed": 20.0},
+               {"kind": "validation", "elapsed": 50.0},
+               {"kind": "train", "tokens": 3600, "tokens_per_s": 300.0, "elapsed": 62.0}]
+    # first minute: 3,000 tokens in 10 s + 10 s; second: 600 tokens in 2 s
+    assert rate_by_window(records, 60.0) == [150.0, 300.0]
+    assert rate_by_window(records, 300.0) == [round(3600 / 22, 1)]
 
 
 def test_a_benchmarks_machine_names_each_instruction_set_cap_in_force(monkeypatch):
