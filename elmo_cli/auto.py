@@ -15,7 +15,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    smaller shape reaches the cap, its capped passes are not the measure: an Intel Xeon's 2 hours took 1024/256 at
    0.55 of them (0.41 of the speed, 17.7 passes, short of the cap) and lost to the smaller shape's hour
    (docs/auto.md). Each shape's passes are those of its fastest step, compiled where 8. keeps that: the smaller
-   shape's compiled step is weighed against the larger one's.
+   shape's compiled step is weighed against the larger one's. A larger shape its first probe would turn down is
+   probed once more and weighed at the faster read (one hour's probe on 2 Zen 3 cores gave 1024/256 1.6 passes,
+   the next hour's 5.1, which the run then trained at).
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
@@ -365,6 +367,12 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                             f"the memory of {facts.device} (nothing was written)")
         passes = passes_of(shape, rate)
         if chosen is not None:  # the shape taken, counted over the same seconds left
+            below = passes_of(chosen[0], chosen[2])
+        if chosen is not None and (passes < MIN_EPOCHS or short_of_share(shape, passes, False)):
+            # A shape's first probe can read a third of its speed (1024/256 on 2 Zen 3 cores: 1.6 passes one hour,
+            # 5.1 the next, docs/auto.md): it is probed once more before it is turned down.
+            rate = max(rate, rate_of(shape, dtype, rows))
+            passes = passes_of(shape, rate)
             below = passes_of(chosen[0], chosen[2])
         if chosen is not None and passes < MIN_EPOCHS:
             refused = f"; {shape.name} would get {passes:.1f} (< {MIN_EPOCHS:g})"
