@@ -328,8 +328,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                                                                                       device=facts.device)
         # The eager step again, just before: a process's first probe can read far under its speed (868 tokens/s
         # against a run's 1,500 on 2 Zen 1 cores, docs/auto.md), which would credit the compilation with it.
-        eager = max(rate, measure(config, seconds))
-        probes.append(Probe(shape.name, dtype, eager, rows))
+        again = measure(config, seconds)
+        probes.append(Probe(shape.name, dtype, again, rows))  # what this probe read, not the best so far
+        eager = max(rate, again)
         start = clock()
         compiled_rate = measure(config.with_training(compile=True), seconds)
         took = clock() - start

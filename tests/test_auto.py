@@ -741,6 +741,16 @@ def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_b
     assert choice.config.training.compile and "(compiled; eager 1,500)" in choice.reason
 
 
+def test_each_probe_is_recorded_at_what_it_read_not_at_the_best_so_far(no_bf16):
+    # the Intel AVX512-BF16 hour's record, 2026-12-03, held 1024/256 fp32 at 1,716.7 twice: the eager probe before
+    # the compiled one was recorded at the better of its read and the earlier one
+    measure = scripted(large=500.0, compiled=1400.0, eager_reads=[1500.0, 1200.0])
+    choice = choose(dataclasses.replace(facts(tokens=500_000, budget=3600), compile=True), measure)
+    assert [(p.compiled, round(p.tokens_per_s)) for p in choice.probes][:3] == [(False, 1500), (False, 1200),
+                                                                                (True, 1400)]
+    assert not choice.config.training.compile and choice.tokens_per_s == 1500.0
+
+
 def test_a_compiled_gain_is_checked_against_the_eager_step_probed_once_more_after_it(no_bf16):
     # the addresses' hour on an Intel Xeon held to AVX2, 2026-11-28: both eager probes read 2,567 tokens/s, the
     # compiled one 2,922 (1.14x), and the run trained at 2,916 compiled, where laptop's eager hour trained at 3,179
