@@ -43,7 +43,8 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    not arithmetic, and bf16's doublings kept paying after fp32's stopped (an H200: docs/auto.md, "On a GPU").
 8. On a CPU with a C++ compiler and a time budget of `COMPILE_FROM_SECONDS` or more, each shape that 1. weighs is
    probed once more eagerly and once with its LSTM loops compiled (`training.compile`, elmo_cli/compiled.py; the
-   probe pays the compilation, about 2 minutes, and the run reuses it), and where that is `COMPILE_GAIN` times the
+   probe pays the compilation, about 2 minutes the first time on a machine and seconds from Inductor's cache after,
+   and the run reuses it), and where that is `COMPILE_GAIN` times the
    better eager rate, eagerly a third time, after it; it is compiled when it is still `COMPILE_GAIN` times the
    best of the eager rates (probes early in a process can read low: an Intel Xeon held to AVX2 probed 2,567
    tokens/s eager, 2,922 compiled, and trained 3,179 eager; docs/auto.md). Its passes are then counted at the
