@@ -80,12 +80,17 @@ def losses(config, train_dir: Path, compiled: bool, steps: int = 10) -> list[flo
     return got
 
 
+def probe_config(shape, base, negatives: int, threads: int):
+    """`shape` as `auto`'s probe trains it (fp32, 32 rows, the negatives), on the CPU, dropout 0.1."""
+    return auto._config(base, shape, "fp32", negatives, threads).with_training(device="cpu", dropout=0.1)
+
+
 def first_calls(data, base, negatives, threads: int, way: bool | int = True) -> dict[str, float]:
     """Seconds of each shape's first compiled call (`use`'s `way`) in this process, which compiles it or reads it
     from the cache."""
     seconds = {}
     for shape in auto.LADDER:
-        config = auto._config(base, shape, "fp32", negatives, threads).with_training(device="cpu", dropout=0.1)
+        config = probe_config(shape, base, negatives, threads)
         use(way)
         start = time.perf_counter()
         try:
@@ -133,8 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"first calls, cold: {cold}; the whole window's from its filled cache: {warm}", flush=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
         for shape in auto.LADDER:
-            config = auto._config(base, shape, "fp32", negatives, args.threads).with_training(device="cpu",
-                                                                                             dropout=0.1)
+            config = probe_config(shape, base, negatives, args.threads)
             use(True)
             first = measure_throughput(config, data, 1.0)  # from the cache filled above
             use(False)
