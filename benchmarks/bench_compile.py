@@ -11,11 +11,11 @@ backward, is what this measures. Per shape: the first call's seconds (the compil
 emptied first, as a first run pays it; the first shape's includes what both share), then
 tokens/s as the probe measures (`train.measure_throughput`), REPEATS times alternating with eager, median; and the
 largest difference between the training losses of 10 steps from one seed, eager against compiled (the compiled
-kernels round differently). `--chunks 10,5` also times the loop compiled 10 (5) steps at a time, called once per
-chunk of the window: a graph a half (a quarter) the size, whose compilation is what the whole window's left to do
-(what the two share was compiled before it), and its tokens/s in the same alternation. Then the first call's seconds again in a new process with the cache the first one
-filled, as a user's later runs on the machine pay it (`elmo_cli.compiled.use_cache_dir` keeps that cache). Needs a
-C++ compiler (Inductor's). Results: benchmarks/results/compile-DATE.json.
+kernels round differently); and the first call's seconds again in a new process with the cache the cold one
+filled, as a user's later runs on the machine pay it (`elmo_cli.compiled.use_cache_dir` keeps that cache).
+`--chunks 10,5` also times the loop compiled 10 (5) steps at a time, called once per chunk of the window (a graph
+a half, a quarter, the size): its cold first call in a new process with an empty cache of its own, and its tokens/s
+in the same alternation. Needs a C++ compiler (Inductor's). Results: benchmarks/results/compile-DATE.json.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def chunked(steps: int):
 
 def use(compiled: bool | int) -> None:
     """The eager loop (False), the compiled whole window (True) or the compiled loop in chunks of that many steps."""
-    if compiled is True or compiled is False:
+    if isinstance(compiled, bool):
         lstm.ProjectedLSTMLayer.forward = COMPILED if compiled else EAGER
     else:
         lstm.ProjectedLSTMLayer.forward = chunked(compiled)
