@@ -42,7 +42,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    rows kept and taken unless bf16 is `BF16_GAIN` times faster. There a step at 32 rows waits on kernel launches,
    not arithmetic, and bf16's doublings kept paying after fp32's stopped (an H200: docs/auto.md, "On a GPU").
 8. On a CPU with a C++ compiler and a time budget of `COMPILE_FROM_SECONDS` or more, each shape that 1. weighs is
-   probed once more eagerly and once with its LSTM loops compiled (`training.compile`, elmo_cli/compiled.py; the
+   probed once more eagerly, and where its step is in a dtype of `COMPILE_DTYPES` (bf16: the fp32 step's LSTM
+   gradient is written by hand, and compiled it probed under 1.1x wherever probed since: 0.90-1.07x on Zen 3) once with its LSTM loops
+   compiled (`training.compile`, elmo_cli/compiled.py; the
    probe pays the compilation, about 2 minutes the first time on a machine and seconds from Inductor's cache after,
    and the run reuses it), and where that is `COMPILE_GAIN` times the
    better eager rate, eagerly a third time, after it; it is compiled when it is still `COMPILE_GAIN` times the
@@ -106,6 +108,11 @@ ROWS_GAIN = 1.5
 # (1024/256): from 20 minutes it pays for itself several times over; under 10% faster it is not worth its time.
 COMPILE_FROM_SECONDS = 20 * 60.0
 COMPILE_GAIN = 1.1
+# ... and only for a step in these dtypes: since 2026-11-28 the fp32 training step on a CPU runs its LSTM loops with
+# the gradient written by hand (model.lstm.ClippedLSTMFunction), and no probe compiled it at COMPILE_GAIN after
+# that (0.90-1.07x on 2 Zen 3 cores, 0.95x on an Intel AVX512-BF16 Xeon), while its cold compilation cost 104-125 s
+# of the budget; bf16 autocast keeps autograd's loop, which compiled at 1.25x (1024/256 on a Zen 4)
+COMPILE_DTYPES = ("bf16",)
 # Rule 9: the validations' minutes are the budget's. One validation (full softmax, fp32, eager, both directions) scores
 # its tokens at 1.47x (512/128) and 1.69x (1024/256) the shape's fp32 eager training rate on the addresses' 85,047
 # held-out tokens on 2 Zen 4 cores (`bench_probe --validation`, docs/auto.md); 1.4 counts a validation a little long
@@ -332,6 +339,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         again = measure(config, seconds)
         probes.append(Probe(shape.name, dtype, again, rows))  # what this probe read, not the best so far
         eager = max(rate, again)
+        if dtype not in COMPILE_DTYPES:  # the step's gradient is written by hand: compiling it does not pay
+            return eager, False, eager, 0.0
         start = clock()
         compiled_rate = measure(config.with_training(compile=True), seconds)
         took = clock() - start

@@ -47,6 +47,13 @@ def no_bf16(monkeypatch):
     monkeypatch.setattr(machine, "cpu_bf16", lambda: False)
 
 
+@pytest.fixture
+def compiles_fp32(monkeypatch):
+    """Rule 8's probe as it ran for the fp32 step before 2026-12-03 (and runs for bf16 now): the runs these tests
+    replay were measured under it."""
+    monkeypatch.setattr(auto, "COMPILE_DTYPES", ("fp32", "bf16"))
+
+
 def test_an_hour_on_a_small_corpus_takes_the_larger_shape(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 2500.0, (LARGE.name, "fp32"): 1200.0})
     choice = choose(facts(tokens=800_000, budget=3600), measure)
@@ -674,7 +681,7 @@ def compiled_rates(table: dict[tuple[str, str], float], gain: float):
     return measure
 
 
-def test_on_a_cpu_with_a_compiler_an_hour_probes_the_compiled_step_and_counts_its_passes(no_bf16):
+def test_on_a_cpu_with_a_compiler_an_hour_probes_the_compiled_step_and_counts_its_passes(no_bf16, compiles_fp32):
     # the addresses' hour on 2 Zen 1 cores: 512/128 at 1,400 tokens/s eager, 1.36x compiled (bench_compile)
     measure = compiled_rates({(SMALL.name, "fp32"): 1400.0, (LARGE.name, "fp32"): 500.0}, 1.36)
     choice = choose(dataclasses.replace(facts(tokens=920_000, budget=3600), compile=True), measure)
@@ -708,7 +715,7 @@ def test_a_larger_shape_whose_first_probe_reads_low_is_probed_again_before_it_is
     assert steady.reason.endswith("; LSTM 1024/256 would get 1.7 (< 4)"), steady.reason
 
 
-def test_compiling_is_not_probed_under_20_minutes_nor_kept_below_its_gain_nor_without_a_compiler(no_bf16):
+def test_compiling_is_not_probed_under_20_minutes_nor_kept_below_its_gain_nor_without_a_compiler(no_bf16, compiles_fp32):
     table = {(SMALL.name, "fp32"): 1400.0, (LARGE.name, "fp32"): 500.0}
     short = choose(dataclasses.replace(facts(budget=15 * 60), compile=True), compiled_rates(table, 1.36))
     assert not short.config.training.compile and not any(p.compiled for p in short.probes)
@@ -717,6 +724,32 @@ def test_compiling_is_not_probed_under_20_minutes_nor_kept_below_its_gain_nor_wi
     assert "compiled" not in slight.reason and slight.tokens_per_s == 1400.0
     unable = choose(facts(budget=3600), compiled_rates(table, 1.36))  # no C++ compiler, or --no-compile
     assert not unable.config.training.compile and not any(p.compiled for p in unable.probes)
+
+
+def test_an_fp32_step_is_not_probed_compiled_its_gradient_being_written_by_hand(monkeypatch):
+    # the addresses' hour on 2 Zen 3 cores, 2026-12-03: 512/128 eager 2,851 and 3,075 tokens/s, compiled 2,753 after
+    # a cold compilation of about 115 s; 1024/256 eager 1,144 and 1,245. Now the eager step is probed twice (the
+    # process's first probe reads low) and the compiled one not at all
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: False)
+    reads = iter([2851.0, 3075.0])
+    large = iter([1144.0, 1245.0])
+
+    def measure(config, seconds):
+        assert not config.training.compile, "an fp32 step was probed compiled"
+        return next(large) if config.model.lstm.dim == 1024 else next(reads)
+    choice = choose(dataclasses.replace(facts(tokens=915_556, budget=3600), compile=True), measure)
+    assert [(p.shape, p.compiled, round(p.tokens_per_s)) for p in choice.probes] == [
+        (SMALL.name, False, 2851), (SMALL.name, False, 3075), (LARGE.name, False, 1144), (LARGE.name, False, 1245)]
+    assert choice.shape == SMALL.name and not choice.config.training.compile and choice.tokens_per_s == 3075.0
+    assert "auto: LSTM 512/128, fp32, dropout 0.3" in choice.reason and "compiled" not in choice.reason
+    # a CPU with native bf16 that wins for the smaller shape: its bf16 step is probed compiled
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
+    bf16 = choose(dataclasses.replace(facts(tokens=915_556, budget=3600), compile=True), compiled_rates(
+        {(SMALL.name, "fp32"): 3000.0, (SMALL.name, "bf16"): 3600.0, (LARGE.name, "fp32"): 900.0,
+         (LARGE.name, "bf16"): 1000.0}, 1.2))
+    assert bf16.config.training.dtype == "bf16" and bf16.config.training.compile
+    assert [(p.dtype, p.compiled) for p in bf16.probes if p.shape == SMALL.name] == [
+        ("fp32", False), ("bf16", False), ("bf16", False), ("bf16", True), ("bf16", False)]
 
 
 def scripted(large: float, compiled: float, eager_reads: list[float]):
@@ -732,7 +765,7 @@ def scripted(large: float, compiled: float, eager_reads: list[float]):
     return measure
 
 
-def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_before_it(no_bf16):
+def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_before_it(no_bf16, compiles_fp32):
     # the process's first probe read 868 tokens/s, the eager step runs 1,500: against 868, 1,658 compiled looked
     # 1.9x; against the eager step probed again it is 1.11x
     measure = scripted(large=500.0, compiled=1658.0, eager_reads=[868.0, 1500.0, 1480.0])
@@ -741,7 +774,7 @@ def test_the_compiled_step_is_weighed_against_the_eager_step_probed_again_just_b
     assert choice.config.training.compile and "(compiled; eager 1,500)" in choice.reason
 
 
-def test_each_probe_is_recorded_at_what_it_read_not_at_the_best_so_far(no_bf16):
+def test_each_probe_is_recorded_at_what_it_read_not_at_the_best_so_far(no_bf16, compiles_fp32):
     # the Intel AVX512-BF16 hour's record, 2026-12-03, held 1024/256 fp32 at 1,716.7 twice: the eager probe before
     # the compiled one was recorded at the better of its read and the earlier one
     measure = scripted(large=500.0, compiled=1400.0, eager_reads=[1500.0, 1200.0])
@@ -751,7 +784,7 @@ def test_each_probe_is_recorded_at_what_it_read_not_at_the_best_so_far(no_bf16):
     assert not choice.config.training.compile and choice.tokens_per_s == 1500.0
 
 
-def test_a_compiled_gain_is_checked_against_the_eager_step_probed_once_more_after_it(no_bf16):
+def test_a_compiled_gain_is_checked_against_the_eager_step_probed_once_more_after_it(no_bf16, compiles_fp32):
     # the addresses' hour on an Intel Xeon held to AVX2, 2026-11-28: both eager probes read 2,567 tokens/s, the
     # compiled one 2,922 (1.14x), and the run trained at 2,916 compiled, where laptop's eager hour trained at 3,179
     measure = scripted(large=1200.0, compiled=2922.0, eager_reads=[2567.0, 2567.0, 3179.0])
@@ -762,7 +795,7 @@ def test_a_compiled_gain_is_checked_against_the_eager_step_probed_once_more_afte
     assert "auto: LSTM 512/128, fp32, dropout 0.3" in choice.reason and "compiled" not in choice.reason
 
 
-def test_the_larger_shape_is_weighed_against_the_smaller_ones_compiled_step(no_bf16):
+def test_the_larger_shape_is_weighed_against_the_smaller_ones_compiled_step(no_bf16, compiles_fp32):
     # the addresses' hour on an Intel Xeon, 2026-11-28: 512/128 probed 3,700 tokens/s eager (its first probe) and
     # 1,673 for 1024/256, a share of 0.45 that took the larger shape; 512/128 compiled ran 1.29x, 1024/256 under
     # 1.1x, so the run's passes were 6.3 against 19.2 (0.33), and it ended 7.6% behind
@@ -898,9 +931,15 @@ def test_the_larger_shape_is_weighed_over_the_same_seconds_left_and_its_slower_v
     measure, clock = measure_of(1.2467)  # 2,173 tokens/s compiled
     choice = choose(hour, measure, clock=clock)
     assert choice.shape == LARGE.name and choice.config.training.compile and choice.config.training.dtype == "bf16"
-    spent = 9 * 7 + 80 * 2  # 512/128: fp32, bf16, eager again, compiled; 1024/256: the same and eager after
+    # 512/128: fp32, bf16 (not kept), fp32 eager again, not compiled (its fp32 step's gradient is by hand);
+    # 1024/256: fp32, bf16, bf16 eager again, compiled, and eager after
+    assert [(p.shape, p.dtype, p.compiled) for p in choice.probes] == [
+        (SMALL.name, "fp32", False), (SMALL.name, "bf16", False), (SMALL.name, "fp32", False),
+        (LARGE.name, "fp32", False), (LARGE.name, "bf16", False), (LARGE.name, "bf16", False),
+        (LARGE.name, "bf16", True), (LARGE.name, "bf16", False)]
+    spent = 9 * 7 + 80
     one = 85_047 / (auto.VALIDATION_OVER_TRAINING * 1431.0)  # its validations are timed by its fp32 step
     assert choice.config.training.validation_minutes == 20.0
     assert choice.expected_epochs == pytest.approx(2173.0 * (3600 - spent - 2 * one) / 915_556, rel=1e-3)
-    assert "x 54.9 min (60 min less the probe's 3.7 min and 2 validations of 42 s) = 7.8 passes" in choice.reason
+    assert "x 56.2 min (60 min less the probe's 2.4 min and 2 validations of 42 s) = 8.0 passes" in choice.reason
     assert choice.reason.endswith("validated every 20 min")
