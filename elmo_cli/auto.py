@@ -43,16 +43,15 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    not arithmetic, and bf16's doublings kept paying after fp32's stopped (an H200: docs/auto.md, "On a GPU").
 8. On a CPU with a C++ compiler and a time budget of `COMPILE_FROM_SECONDS` or more, each shape that 1. weighs is
    probed once more eagerly, and where its step is in a dtype of `COMPILE_DTYPES` (bf16: the fp32 step's LSTM
-   gradient is written by hand, and compiled it probed under 1.1x wherever probed since: 0.90-1.07x on Zen 3) once with its LSTM loops
-   compiled (`training.compile`, elmo_cli/compiled.py; the
-   probe pays the compilation, about 2 minutes the first time on a machine and seconds from Inductor's cache after,
-   and the run reuses it), and where that is `COMPILE_GAIN` times the
-   better eager rate, eagerly a third time, after it; it is compiled when it is still `COMPILE_GAIN` times the
-   best of the eager rates (probes early in a process can read low: an Intel Xeon held to AVX2 probed 2,567
-   tokens/s eager, 2,922 compiled, and trained 3,179 eager; docs/auto.md). Its passes are then counted at the
-   compiled rate over the budget left. A larger shape whose eager rate already falls under 1.'s share of the smaller one's fastest is
-   not compiled: the compiled step gained less for the larger shape wherever both were measured. `--no-compile`
-   keeps every step eager.
+   gradient is written by hand, and compiled it probed under 1.1x wherever probed since: 0.90-1.07x on Zen 3)
+   once with its LSTM loops compiled (`training.compile`, elmo_cli/compiled.py; the probe pays the compilation,
+   about 2 minutes the first time on a machine and seconds from Inductor's cache after, and the run reuses it),
+   and where that is `COMPILE_GAIN` times the better eager rate, eagerly a third time, after it; it is compiled
+   when it is still `COMPILE_GAIN` times the best of the eager rates (probes early in a process can read low: an
+   Intel Xeon held to AVX2 probed 2,567 tokens/s eager, 2,922 compiled, and trained 3,179 eager; docs/auto.md).
+   Its passes are then counted at the compiled rate over the budget left. A larger shape whose eager rate already
+   falls under 1.'s share of the smaller one's fastest is not compiled: the compiled step gained less for the
+   larger shape wherever both were measured. `--no-compile` keeps every step eager.
 
 9. With a time budget, a shape's passes are counted over the seconds that will train it: the budget less the
    probe's own seconds so far (the compilation's among them) and less its validations', each about
@@ -110,7 +109,7 @@ COMPILE_FROM_SECONDS = 20 * 60.0
 COMPILE_GAIN = 1.1
 # ... and only for a step in these dtypes: since 2026-11-28 the fp32 training step on a CPU runs its LSTM loops with
 # the gradient written by hand (model.lstm.ClippedLSTMFunction), and no probe compiled it at COMPILE_GAIN after
-# that (0.90-1.07x on 2 Zen 3 cores, 0.95x on an Intel AVX512-BF16 Xeon), while its cold compilation cost 104-125 s
+# that (0.90-1.07x on 2 Zen 3 cores, 0.95x on an Intel AVX512-BF16 Xeon), while its cold compilation cost 104-116 s
 # of the budget; bf16 autocast keeps autograd's loop, which compiled at 1.25x (1024/256 on a Zen 4)
 COMPILE_DTYPES = ("bf16",)
 # Rule 9: the validations' minutes are the budget's. One validation (full softmax, fp32, eager, both directions) scores
