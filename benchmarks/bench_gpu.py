@@ -35,6 +35,7 @@ that a run on a GPU machine held for a fixed time ends, and saves what it measur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import tempfile
@@ -122,10 +123,10 @@ def auto_choice(shards: Path, minutes: float = 15.0) -> dict:
 # the sparsity figures halved): (bf16 tensor cores, fp32 without tensor cores).
 PEAKS = {"H100 PCIe": (756e12, 51e12), "H100 NVL": (835e12, 60e12), "H100": (989e12, 67e12), "H200": (989e12, 67e12)}
 # In the order a run takes them: the step table and the dump at scale (what `against_targets` reads) first.
-PARTS = ("steps", "dump-scale", "dump", "reference", "auto", "train")
+PARTS = ("steps", "profile", "dump-scale", "dump", "reference", "auto", "train")
 # Seconds a part needs at least, so that none starts that would run far past --budget (the step table and the
 # shape-by-rows rates stop at the budget themselves; `auto`'s 15-minute choice took 20 s of probes on an H200).
-PART_SECONDS = {"dump-scale": 40, "dump": 45, "reference": 15, "auto": 60, "train": 90}
+PART_SECONDS = {"profile": 40, "dump-scale": 40, "dump": 45, "reference": 15, "auto": 60, "train": 90}
 
 
 def peak_rates(name: str) -> tuple[float, float] | None:
@@ -133,44 +134,124 @@ def peak_rates(name: str) -> tuple[float, float] | None:
     return next((rates for key, rates in PEAKS.items() if key in name), None)
 
 
-def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 128, 512), seconds: float = 3.0,
-               out: list | None = None, deadline: float = math.inf) -> list[dict]:
-    """Training tokens/s (and MFU where the GPU's peak is known) by preset, rows, dtype and step, appended to `out`
-    as measured; configurations not started by `deadline` (time.monotonic) are left out."""
+# The training steps a row of the step table times: (CUDA graphs, fused cells, the LSTM's gradient by hand).
+# "fused+graphs" is the default on a GPU; "graphs" and "eager" the steps before the fused loop (autograd over the
+# LSTM's loop, as on 2026-11-27), "fused" the fused loop without graphs (`--no-cuda-graphs`, as under torchrun).
+STEPS = {"eager": (False, False, False), "graphs": (True, False, False), "fused": (False, True, True),
+         "fused+graphs": (True, True, True)}
+
+
+@contextlib.contextmanager
+def lstm_gradient(by_hand: bool):
+    """With `by_hand` False, a GPU training step's LSTM runs autograd over its loop (the step before
+    `lstm.ClippedLSTMFunction` ran on GPUs) instead of the hand-written loop."""
+    from elmo_cli.model.lstm import ProjectedLSTMLayer
+
+    plain = ProjectedLSTMLayer.by_hand
+    if not by_hand:
+        ProjectedLSTMLayer.by_hand = lambda self, x, mask: plain(self, x, mask) and x.device.type == "cpu"
+    try:
+        yield
+    finally:
+        ProjectedLSTMLayer.by_hand = plain
+
+
+def step_rate(shards: Path, preset: str, dtype: str, batch: int, step: str, seconds: float = 3.0) -> dict:
+    """One row of the step table: training tokens/s of `preset` at `batch` rows in `dtype` with the `STEPS` step
+    (as `--preset auto`'s probe measures: `train.measure_throughput`), with MFU where the GPU's peak is known."""
     from elmo_cli.presets import load_config
     from elmo_cli.train import measure_throughput, open_shards
 
     data = open_shards(shards)
+    graphs, fused, by_hand = STEPS[step]
+    cfg = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype, cuda_graphs=graphs,
+                                                  fuse_lstm=fused)
+    notes: list[str] = []
+    try:
+        with lstm_gradient(by_hand):
+            rate = measure_throughput(cfg, data, seconds, notes)
+    except torch.OutOfMemoryError:
+        rate = None
+    gc.collect()  # the trainer and its captured graphs, before the next configuration's
+    torch.cuda.empty_cache()
+    flops = flops_per_token(cfg.model, cfg.training.n_negative_samples, len(data.vocab))
+    row = dict(preset=preset, dtype=dtype, batch=batch, step=step, tokens_per_s=None if rate is None else round(rate),
+               flops_per_token=round(flops))
     peaks = peak_rates(torch.cuda.get_device_name())
+    if peaks is not None and rate is not None:
+        row["mfu"] = round(rate * flops / peaks[0 if dtype == "bf16" else 1], 4)
+    if graphs and not any("run as captured graphs" in n for n in notes):
+        row["graphs_not_used"] = notes  # the fallback's note: this row is the eager step
+    if fused and any("fused LSTM cells" in n for n in notes):
+        row["fused_not_used"] = notes
+    print(f"  {preset:8s} {dtype} {batch:4d} rows {step:12s}: "
+          + ("out of memory" if rate is None else f"{rate:10,.0f} tokens/s"
+             + (f"  MFU {row['mfu']:.1%}" if "mfu" in row else ""))
+          + (f"  (notes: {notes})" if "graphs_not_used" in row or "fused_not_used" in row else ""), flush=True)
+    return row
+
+
+def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 128, 512), seconds: float = 3.0,
+               out: list | None = None, deadline: float = math.inf, steps=("graphs", "fused+graphs"),
+               only=None) -> list[dict]:
+    """Training tokens/s (and MFU where the GPU's peak is known) by preset, rows, dtype and step (`STEPS`),
+    appended to `out` as measured; configurations not started by `deadline` (time.monotonic) are left out.
+    `only`: a set of ``(preset, dtype, rows)`` outside which the steps other than the last are not timed."""
     out = [] if out is None else out
     for preset in presets:
         for dtype in ("fp32", "bf16"):
             for batch in rows:
-                for graphs in (False, True):
+                for step in steps:
+                    if only is not None and step != steps[-1] and (preset, dtype, batch) not in only:
+                        continue
                     if time.monotonic() > deadline:
                         return out
-                    cfg = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype,
-                                                                  cuda_graphs=graphs)
-                    notes: list[str] = []
-                    try:
-                        rate = measure_throughput(cfg, data, seconds, notes)
-                    except torch.OutOfMemoryError:
-                        rate = None
-                    gc.collect()  # the trainer and its captured graphs, before the next configuration's
-                    torch.cuda.empty_cache()
-                    flops = flops_per_token(cfg.model, cfg.training.n_negative_samples, len(data.vocab))
-                    row = dict(preset=preset, dtype=dtype, batch=batch, step="graphs" if graphs else "eager",
-                               tokens_per_s=None if rate is None else round(rate), flops_per_token=round(flops))
-                    if peaks is not None and rate is not None:
-                        row["mfu"] = round(rate * flops / peaks[0 if dtype == "bf16" else 1], 4)
-                    if graphs and not any("run as captured graphs" in n for n in notes):
-                        row["graphs_not_used"] = notes  # the fallback's note: this row is the eager step
-                    out.append(row)
-                    print(f"  {preset:8s} {dtype} {batch:4d} rows {row['step']:6s}: "
-                          + ("out of memory" if rate is None else f"{rate:10,.0f} tokens/s"
-                             + (f"  MFU {row['mfu']:.1%}" if "mfu" in row else ""))
-                          + (f"  (graphs not used: {notes})" if "graphs_not_used" in row else ""), flush=True)
+                    out.append(step_rate(shards, preset, dtype, batch, step, seconds))
     return out
+
+
+def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", batch: int = 128,
+                 steps: int = 5) -> dict:
+    """Where a default GPU step's time goes (torch.profiler over `steps` steps after warm-up): the wall time per
+    step, the GPU's busy time per step (the union of its kernels' intervals), the kernels launched per step, and
+    the CUDA time of the most costly kernels and of the host-side operations."""
+    from elmo_cli.presets import load_config
+    from elmo_cli.train import _Trainer, _training_process, open_shards
+    from torch.profiler import ProfilerActivity, profile
+
+    data = open_shards(shards)
+    cfg = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype)
+    with _training_process(cfg.training.threads):
+        trainer = _Trainer.bare(cfg, data)
+        trainer.state.total_steps = 1_000_000
+        for _ in range(4):
+            trainer.step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            for _ in range(steps):
+                trainer.step()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) / steps
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, -math.inf
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        acc = by_name.setdefault(e.name[:90], [0.0, 0])
+        acc[0] += e.time_range.end - e.time_range.start
+        acc[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
+    del trainer
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"preset": preset, "dtype": dtype, "batch": batch, "wall_ms_per_step": round(wall * 1e3, 2),
+            "gpu_busy_ms_per_step": round(busy / 1e3 / steps, 2), "kernels_per_step": round(len(kernels) / steps),
+            "top_kernels_ms_per_step": [[n, round(t / 1e3 / steps, 3), c // steps] for n, (t, c) in top]}
 
 
 def against_targets(figures: dict) -> list[str]:
@@ -236,6 +317,12 @@ def dump_scale(model_dir: Path, text: Path, work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--steps", nargs="+", choices=list(STEPS), default=["graphs", "fused+graphs"],
+                        help="the steps of the step table (the last timed everywhere, the others where --compare)")
+    parser.add_argument("--compare", nargs="*", default=["original:bf16:128", "original:fp32:128", "laptop:fp32:32"],
+                        help="PRESET:DTYPE:ROWS where every step of --steps is timed")
+    parser.add_argument("--presets", nargs="+", default=["laptop", "small", "original"])
+    parser.add_argument("--rows", nargs="+", type=int, default=[32, 128, 512])
     parser.add_argument("--budget", type=float, default=math.inf,
                         help="seconds: parts and rows not started by then are left out (and listed as skipped)")
     args = parser.parse_args()
@@ -246,6 +333,8 @@ def main() -> None:
     from vocab.vocabulary import build_vocab
 
     deadline = time.monotonic() + args.budget
+    only = {(p, d, int(r)) for p, d, r in (c.split(":") for c in args.compare)}
+    STEP_CHOICE.update(steps=tuple(args.steps), only=only, presets=tuple(args.presets), rows=tuple(args.rows))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"host CPU threads {torch.get_num_threads()}", flush=True)
     parts = [p for p in PARTS if p in args.parts]  # in PARTS' order
@@ -274,11 +363,21 @@ def main() -> None:
             print(line, flush=True)
 
 
+STEP_CHOICE: dict = {"steps": ("graphs", "fused+graphs")}  # the step table's arguments from the command line
+
+
 def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, deadline: float) -> None:
     """One of `PARTS`, its figures put into `figures` (see the module's docstring)."""
     if part == "steps":
-        print("training steps by preset, dtype and rows, eager and CUDA graphs:", flush=True)
-        step_table(work / "shards", out=figures.setdefault("steps", []), deadline=deadline)
+        print("training steps by preset, dtype and rows: " + ", ".join(STEP_CHOICE["steps"]), flush=True)
+        step_table(work / "shards", out=figures.setdefault("steps", []), deadline=deadline, **STEP_CHOICE)
+    elif part == "profile":
+        prof = figures["step_profile"] = step_profile(work / "shards")
+        print(f"profile of the default step, {prof['preset']} {prof['dtype']} {prof['batch']} rows: "
+              f"{prof['wall_ms_per_step']} ms a step, the GPU busy {prof['gpu_busy_ms_per_step']} ms, "
+              f"{prof['kernels_per_step']:,} kernels", flush=True)
+        for name, ms, calls in prof["top_kernels_ms_per_step"]:
+            print(f"  {ms:8.3f} ms {calls:6,}  {name}", flush=True)
     elif part == "dump-scale":
         scale = figures["dump_original_scale"] = dump_scale(work / "model", text, work)
         print("dump original at scale, --layers average --dtype float16: " + " | ".join(

@@ -282,6 +282,9 @@ def cli_train(
     no_cuda_graphs: bool = typer.Option(False, "--no-cuda-graphs", help="On a GPU, run every step eagerly rather "
                                                                         "than replay its LSTMs from CUDA graphs "
                                                                         "(the default with one process)."),
+    no_fuse_lstm: bool = typer.Option(False, "--no-fuse-lstm", help="On a GPU, run each LSTM step's elementwise "
+                                                                    "work as separate kernels rather than one "
+                                                                    "compiled kernel (the default)."),
     compile_loops: bool = typer.Option(False, "--compile", help="On a CPU, compile the LSTM loops of the training "
                                                                 "step (torch.compile: a C++ compiler, about 2 "
                                                                 "minutes once; --preset auto measures it from 20 "
@@ -336,7 +339,7 @@ def cli_train(
             batch_size=batch_size, unroll_steps=unroll_steps, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
             warmup=warmup, epochs=epochs, max_steps=max_steps, max_time=parse_duration(max_time),
             n_negative_samples=n_negative_samples, dropout=dropout, weight_decay=weight_decay, average=average,
-            seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, compile=True if compile_loops else (False if no_compile else None), threads=threads,
+            seed=seed, device=device, dtype=dtype, cuda_graphs=False if no_cuda_graphs else None, fuse_lstm=False if no_fuse_lstm else None, compile=True if compile_loops else (False if no_compile else None), threads=threads,
             checkpoint_every=checkpoint_every,
             validation_every=validation_every, patience=patience, baseline=False if no_baseline else None)
         cfg, choice = training.resolve_config(output, data, preset=preset, config_file=config, flags=flags,

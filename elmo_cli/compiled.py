@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from elmo_cli.model import lstm
 from elmo_cli.model.lstm import ProjectedLSTMLayer
 
 _COMPILED = None  # torch.compile(ProjectedLSTMLayer.forward), made on first use: one cache for the process
@@ -117,3 +118,50 @@ def is_compile_failure(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+class FusedGpuCells:
+    """`lstm.GpuCells` compiled: each of the four elementwise functions of a GPU step (`lstm.ClippedLSTMFunction`)
+    one kernel (Inductor's Triton), instead of about a dozen launches each. Compiled at their first call, outside
+    any CUDA-graph capture (the capture's warm-up calls them first); where a compilation fails, every later call
+    runs `lstm.GpuCells` (the same function, eager) and `note` is told once."""
+
+    def __init__(self, note=None):
+        use_cache_dir()
+        self.note = note
+        self.failed = False
+        self._fns = {name: torch.compile(getattr(lstm.GpuCells, name), fullgraph=True)
+                     for name in ("forward", "project", "backward", "carry")}
+
+    def _call(self, name: str, *args):
+        if not self.failed:
+            try:
+                return self._fns[name](*args)
+            except Exception as error:  # noqa: BLE001 - any failure of the compiler: the eager cells continue
+                if not is_compile_failure(error):
+                    raise
+                self.failed = True
+                text = str(error).strip().splitlines()
+                if self.note is not None:
+                    self.note(f"fused LSTM cells: torch.compile failed ({type(error).__name__}: "
+                              f"{text[0][:160] if text else ''}); the unfused cells run (--no-fuse-lstm skips "
+                              f"the attempt)")
+        return getattr(lstm.GpuCells, name)(*args)
+
+    def forward(self, *args):
+        return self._call("forward", *args)
+
+    def project(self, *args):
+        return self._call("project", *args)
+
+    def backward(self, *args):
+        return self._call("backward", *args)
+
+    def carry(self, *args):
+        return self._call("carry", *args)
+
+
+def fuse_gpu_cells(enabled: bool, note=None) -> None:
+    """A GPU training step's LSTM cells compiled (`FusedGpuCells`) when `enabled`, else eager (`lstm.GpuCells`):
+    set for the process, by each run that trains on a GPU."""
+    lstm.GPU_CELLS = FusedGpuCells(note) if enabled else lstm.GpuCells

@@ -40,6 +40,7 @@ from elmo_cli import compiled
 from elmo_cli.graphed import StepStacks, reason_not
 from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
 from elmo_cli.model.bilm import BiLM
+from elmo_cli.model import lstm
 from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
 from elmo_cli.plot import CURVES_FILE, plot_runs, read_metrics
@@ -258,12 +259,12 @@ def check_resumable(saved: RunConfig, requested: RunConfig, where: Path) -> None
 
     old, new = flat(saved.to_dict()), flat(requested.to_dict())
     for key in sorted(set(old) | set(new)):
-        if key.startswith("training.") and key.split(".", 1)[1] in RUN_LENGTH_KEYS + ("cuda_graphs", "compile"):
+        if key.startswith("training.") and key.split(".", 1)[1] in RUN_LENGTH_KEYS + ("cuda_graphs", "fuse_lstm", "compile"):
             continue
         if old.get(key) != new.get(key):
             raise ElmoError(f"{where}: cannot resume with {key} = {new.get(key)!r}: the run was started with "
                             f"{old.get(key)!r}; only --epochs, --max-steps and --max-time (and --no-cuda-graphs, "
-                            f"--compile) may change on resume")
+                            f"--no-fuse-lstm, --compile) may change on resume")
 
 
 def validation_perplexity(model: BiLM, dataset: ShardDataset, batch_size: int, device: torch.device) -> dict:
@@ -578,6 +579,9 @@ class _TrainState:
         # On a GPU the LSTM stacks replay as CUDA graphs (elmo_cli.graphed); None: the eager step (`BiLM.lm_hidden`).
         self.graphs_off = reason_not(device, tc.cuda_graphs, ddp.enabled)
         self.stacks = StepStacks(model, self.notes.append) if self.graphs_off is None else None
+        # On a GPU: each LSTM step's elementwise work in one compiled kernel (elmo_cli.compiled.fuse_gpu_cells).
+        if device.type == "cuda":
+            compiled.fuse_gpu_cells(tc.fuse_lstm, self.notes.append)
         # On a CPU with training.compile: the LSTM layers' loops compiled (elmo_cli.compiled); False: eager.
         self.compile_off = compiled.reason_not(device, tc.compile)
         self.compiled = self.compile_off is None
@@ -634,6 +638,8 @@ class _Trainer:
             _check_run_dir(run_dir)
         if self.state.stacks is not None:
             self.state.stacks.note = self._note
+        if isinstance(lstm.GPU_CELLS, compiled.FusedGpuCells):
+            lstm.GPU_CELLS.note = self._note
         elif self.state.graphs_off and self.ddp.main:
             self.state.notes.append(self.state.graphs_off)
         if self.state.compile_off and self.ddp.main:

@@ -63,6 +63,9 @@ class TrainingConfig:
     # On a GPU, one process: the LSTM stacks of every step after the first replayed from CUDA graphs
     # (elmo_cli.graphed; the same arithmetic, far fewer launches). No effect on the CPU.
     cuda_graphs: bool = True
+    # On a GPU: each LSTM step's elementwise work compiled into one kernel (elmo_cli.compiled.fuse_gpu_cells; Triton,
+    # which torch's CUDA builds carry), instead of a dozen launches. No effect on the CPU.
+    fuse_lstm: bool = True
     # On a CPU: the LSTM layers' time loops of each training step compiled by torch.compile (elmo_cli.compiled;
     # needs a C++ compiler, about 2 minutes of compiling once a process). `--preset auto` probes it.
     compile: bool = False

@@ -256,3 +256,59 @@ def test_dump_reduced_on_the_gpu_and_written_while_the_next_batch_runs(tmp_path,
                 assert a[key].dtype == np.dtype(dtype) and a[key].shape == b[key].shape
                 np.testing.assert_allclose(a[key][...].astype(np.float32), b[key][...].astype(np.float32),
                                            atol=atol, rtol=0, err_msg=key)
+
+
+def test_fused_cells_compute_the_eager_cells_and_autograds_gradients():
+    """A training layer on the GPU: the hand-written loop with its compiled cells (`compiled.FusedGpuCells`, the
+    default) against autograd over the layer's loop, in fp32 within 1e-5 of the largest value (outputs, final
+    state, every gradient), and in bf16 within bf16's rounding, its gradients float32."""
+    from elmo_cli import compiled
+    from elmo_cli.model import lstm
+    from elmo_cli.model.lstm import ProjectedLSTMLayer
+
+    notes: list[str] = []
+    compiled.fuse_gpu_cells(True, notes.append)
+    torch.manual_seed(0)
+    layer = ProjectedLSTMLayer(64, 256, 64, cell_clip=3.0, proj_clip=3.0).cuda().train()
+    x = torch.randn(16, 20, 64, device="cuda", requires_grad=True)
+    state = tuple((torch.randn(16, n, device="cuda") * 0.5).requires_grad_() for n in (64, 256))
+    reset = torch.rand(16, 20, device="cuda") < 0.1
+
+    def run(by_hand: bool, dtype):
+        layer.hand_gradient = by_hand
+        leaves = [x, *state, *layer.parameters()]
+        for t in leaves:
+            t.grad = None
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            out, (h, c) = layer(x, state, None, reset)
+            loss = (out.float() * torch.linspace(-1, 1, out.shape[-1], device="cuda")).sum() + h.float().sum()
+        loss.backward()
+        return [out.float(), h.float(), c.float()] + [t.grad for t in leaves]
+
+    try:
+        for dtype, within in ((None, 1e-5), (torch.bfloat16, 3e-2)):
+            fused, plain = run(True, dtype), run(False, dtype)
+            for a, b in zip(fused, plain):
+                assert a.dtype == torch.float32
+                assert (a - b).abs().max() <= within * b.abs().max()
+    finally:
+        layer.hand_gradient = True
+        compiled.fuse_gpu_cells(False)
+    assert not notes  # compiled: no fallback to the eager cells
+
+
+def test_the_fast_step_gives_the_eager_steps_losses(shards, tmp_path, monkeypatch):
+    """The default GPU step (the hand-written LSTM loop, its cells compiled, CUDA graphs) against the plain eager
+    step (autograd over the loop, no graphs, no compiled cells) on one seed: the same losses over 20 steps in fp32,
+    within 1e-5."""
+    from elmo_cli.model.lstm import ProjectedLSTMLayer
+
+    _, train_dir, _ = shards
+    fast, f = _losses(tiny_config(max_steps=20, device="cuda", dropout=0.0), train_dir, tmp_path / "fast")
+    assert any("captured graphs" in n for n in fast.notes) and not any("fused LSTM" in n for n in fast.notes)
+    plain = ProjectedLSTMLayer.by_hand
+    monkeypatch.setattr(ProjectedLSTMLayer, "by_hand", lambda self, x, mask: plain(self, x, mask) and not x.is_cuda)
+    eager, e = _losses(tiny_config(max_steps=20, device="cuda", dropout=0.0, cuda_graphs=False, fuse_lstm=False),
+                       train_dir, tmp_path / "eager")
+    assert list(f) == list(e) == list(range(1, 21))
+    assert max(abs(f[k] - e[k]) for k in f) <= 1e-5

@@ -282,3 +282,52 @@ def test_the_hand_written_gradient_runs_only_in_a_training_step_on_a_cpu_in_fp32
     layer.hand_gradient = False  # as `elmo_cli.compiled` sets it for its compiled loops
     layer(x)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("clips", [(0.5, 0.3), (3.0, None), (None, 3.0)])
+@pytest.mark.parametrize("with_reset", [True, False])
+def test_the_gpu_loop_equals_the_cpu_loop(clips, with_reset):
+    """`ClippedLSTMFunction` with `GpuCells` (a GPU's training loop: four kernels a step once compiled) computes the
+    CPU loop's outputs, final state and gradients, here on the CPU in float64: the same function to rounding."""
+    layer = _layer(D=6, H=10, P=5, cell_clip=clips[0], proj_clip=clips[1], scale=0.8).double().train()
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 9, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    state = tuple(torch.randn(3, n, generator=g, dtype=torch.float64, requires_grad=True) for n in (5, 10))
+    keep = None
+    if with_reset:
+        keep = torch.ones(3, 9, dtype=torch.float64)
+        keep[0, 3] = keep[1, 0] = keep[2, 5] = keep[2, 6] = 0.0
+    got = []
+    for cells in (None, lstm.GpuCells):
+        leaves = [x, *state, *layer.parameters()]
+        for t in leaves:
+            t.grad = None
+        out, h, c = ClippedLSTMFunction.apply(x, layer.input_weight, layer.gate_bias, *state, layer.recurrent_weight,
+                                              layer.projection_weight, keep, *clips, None, cells)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=out.dtype)
+        ((out * w).sum() + (h * 0.7).sum() + (c * 0.3).sum()).backward()
+        got.append([out.detach(), h.detach(), c.detach()] + [t.grad for t in leaves])
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_gpu_loop_in_bf16_keeps_float32_states_and_gradients():
+    """With products in bf16 (``train --dtype bf16`` on a GPU) the outputs, states and every gradient come back in
+    their inputs' float32, within bf16's rounding of the float32 loop's (largest difference over largest value)."""
+    layer = ProjectedLSTMLayer(16, 32, 16, cell_clip=3.0, proj_clip=3.0).train()
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 7, 16, generator=g, requires_grad=True)
+    state = tuple(torch.randn(4, n, generator=g).requires_grad_() for n in (16, 32))
+    keep = (torch.rand(4, 7, generator=g) > 0.2).float()
+    got = []
+    for dtype in (None, torch.bfloat16):
+        leaves = [x, *state, *layer.parameters()]
+        for t in leaves:
+            t.grad = None
+        out, h, c = ClippedLSTMFunction.apply(x, layer.input_weight, layer.gate_bias, *state, layer.recurrent_weight,
+                                              layer.projection_weight, keep, 3.0, 3.0, dtype, lstm.GpuCells)
+        (out.square().sum() + h.sum() + c.sum()).backward()
+        got.append([out, h, c] + [t.grad for t in leaves])
+    for a, b in zip(*got):
+        assert a.dtype == b.dtype == torch.float32
+        assert 0 < (a - b).abs().max() <= 2e-2 * b.abs().max()

@@ -132,7 +132,7 @@ def lstm_cell(z: torch.Tensor, c: torch.Tensor | None, w_proj: torch.Tensor, cel
 
 class ClippedLSTMFunction(torch.autograd.Function):
     """A layer's whole time loop, input product included, in `lstm_cell`'s arithmetic with the state zeroed where a
-    sentence starts, and with its gradient written by hand: the training step's LSTM on a CPU
+    sentence starts, and with its gradient written by hand: the training step's LSTM on a CPU and on a GPU
     (`ProjectedLSTMLayer.forward`, `ProjectedLSTMLayer.by_hand`).
 
     Why: autograd records each step's dozen operations and replays them backwards one by one, and each step's
@@ -142,6 +142,12 @@ class ClippedLSTMFunction(torch.autograd.Function):
     it, ``T * B`` rows deep. The forward computes the loop's function with the loop's operations, time-major; the
     gradients agree with autograd's over the loop to rounding (`tests/test_lstm.py`).
 
+    On a GPU (`cells` given, `GpuCells`) each step is four kernels forward and four backward: two products and
+    two elementwise functions, which `elmo_cli.compiled.fuse_gpu_cells` compiles into one kernel each (a launch,
+    not arithmetic, is what a GPU waits on here: docs/gpu.md). There the products run in `compute_dtype` (bf16
+    under ``train --dtype bf16``'s autocast, the function turning autocast off and casting its weights once a
+    window) while the gates, cells and states stay float32.
+
     # Parameters
     x : the layer's input `(B, T, D)`.
     w_in : ``input_weight`` `(4H, D)`; bias : the gate bias with the forget bias folded in, `(4H,)`.
@@ -149,24 +155,38 @@ class ClippedLSTMFunction(torch.autograd.Function):
     w_rec : ``recurrent_weight`` `(4H, P)`; w_proj : ``projection_weight`` `(P, H)`.
     keep : None, or `(B, T)` floats: 0 where the state is zeroed before the step (a sentence starts there), else 1.
     cell_clip, proj_clip : the clips, or None.
+    compute_dtype : the products' dtype with `cells` (None: float32); cells : None (the CPU loop) or `GpuCells`.
 
     # Returns
-    outputs `(B, T, P)`, the final ``h (B, P)`` and ``c (B, H)``.
+    outputs `(B, T, P)`, the final ``h (B, P)`` and ``c (B, H)`` (float32 with `cells`).
     """
 
     @staticmethod
-    def forward(ctx, x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip):
-        out, h, c, saved = _loop_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip)
+    def forward(ctx, x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip, compute_dtype=None,
+                cells=None):
+        if cells is None:
+            out, h, c, saved = _loop_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip)
+        else:
+            with torch.autocast(x.device.type, enabled=False):
+                cd = compute_dtype or (torch.float64 if x.dtype == torch.float64 else torch.float32)
+                out, h, c, saved = _cells_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip,
+                                                  cd, cells)
         ctx.save_for_backward(w_in, w_rec, w_proj, *saved)
         ctx.clips = cell_clip, proj_clip
+        ctx.cells = cells
+        ctx.dtypes = x.dtype, h0.dtype, c0.dtype
         return out, h, c
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_h, d_c):
         w_in, w_rec, w_proj, *saved = ctx.saved_tensors
-        return (*_loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, *ctx.clips, ctx.needs_input_grad[0]),
-                None, None, None)
+        grads = _loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, *ctx.clips, ctx.needs_input_grad[0],
+                               ctx.cells)
+        if ctx.cells is not None:  # each gradient in its input's dtype (the products ran in the compute dtype)
+            dtypes = (ctx.dtypes[0], w_in.dtype, w_in.dtype, ctx.dtypes[1], ctx.dtypes[2], w_rec.dtype, w_proj.dtype)
+            grads = tuple(None if g is None else g.to(d) for g, d in zip(grads, dtypes))
+        return (*grads, None, None, None, None, None)
 
 
 def _loop_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip):
@@ -206,10 +226,10 @@ def _loop_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_cl
                                                                       tanh_c, m, h_raw)
 
 
-def _loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, cell_clip, proj_clip, need_x):
+def _loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, cell_clip, proj_clip, need_x, cells=None):
     """`ClippedLSTMFunction`'s backward: from the gradients at the outputs `(B, T, P)` and the final ``h``, ``c``
     (each may be None), the gradients of ``x`` (None unless `need_x`), ``w_in``, ``bias``, ``h0``, ``c0``,
-    ``w_rec`` and ``w_proj``; `saved` as `_loop_forward` returned it."""
+    ``w_rec`` and ``w_proj``; `saved` as `_loop_forward` (or, with `cells`, `_cells_forward`) returned it."""
     x_tm, keep_tm, acts, c_in, h_in, c_raw, tanh_c, m, h_raw = saved
     T, B, _, H = acts.shape
     G, P = 4 * H, w_proj.shape[0]
@@ -234,16 +254,18 @@ def _loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, cell_clip, proj_
         f_back = f_back * keep_tm
     E = torch.addcmul(one, tanh_c, tanh_c, value=-1).mul_(o)  # from o * tanh(c) to c
     # h_back[t]: from the input state of step t + 1 to the projection of step t (its reset, then its clip)
-    g_out = d_out.transpose(0, 1) if d_out is not None else acts.new_zeros(T, B, P)
+    g_out = d_out.transpose(0, 1).to(acts.dtype) if d_out is not None else acts.new_zeros(T, B, P)
     h_back = None if keep_tm is None else torch.cat([keep_tm[1:], keep_tm.new_ones(1, B, 1)])
     if proj_clip is not None:
         h_pass = h_raw.abs().le_(proj_clip)
         g_out = g_out * h_pass
         h_back = h_pass if h_back is None else h_pass.mul_(h_back)
-    g_h = acts.new_empty(T, B, P)  # the gradient at each step's projection (before its clip)
-    d_z = acts.new_empty(T, B, 4, H)  # ... at each step's gate pre-activations
     u = d_c if d_c is not None else acts.new_zeros(B, H)
     carry = None if d_h is None else (d_h * h_back[T - 1] if proj_clip is not None else d_h)
+    if cells is not None:
+        return _cells_backward(g_out, carry, u, F_, E, f_back, h_back, w_in, w_rec, w_proj, saved, need_x, cells)
+    g_h = acts.new_empty(T, B, P)  # the gradient at each step's projection (before its clip)
+    d_z = acts.new_empty(T, B, 4, H)  # ... at each step's gate pre-activations
     for t in range(T - 1, -1, -1):
         g = torch.add(g_out[t], carry, out=g_h[t]) if carry is not None else g_h[t].copy_(g_out[t])
         dm = torch.mm(g, w_proj)  # (B, H)
@@ -263,6 +285,127 @@ def _loop_backward(d_out, d_h, d_c, w_in, w_rec, w_proj, saved, cell_clip, proj_
     d_h0 = dh_in * keep_tm[0] if keep_tm is not None else dh_in
     return d_x, d_w_in, d_bias, d_h0, u, d_w_rec, d_w_proj
 
+
+
+def cell_forward(xw_t, rec, c, keep_t, cell_clip: float | None, m_dtype: torch.dtype):
+    """A step's elementwise work after its recurrent product, in ``xw_t``'s dtype (`_cells_forward`).
+
+    # Parameters
+    xw_t : the input product with the bias `(B, 4H)`; rec : ``h_in @ W_rec`` `(B, 4H)`, in the compute dtype.
+    c : the cell before the reset `(B, H)`; keep_t : `(B, 1)` (0 where a sentence starts) or None.
+    m_dtype : the dtype of ``o * tanh(c)``, the projection's operand.
+
+    # Returns
+    the gates after their activations `(B, 4, H)`, the cell after the reset, before and after its clip, tanh of
+    the clipped cell `(B, H)` each, and ``o * tanh(c)`` `(B, H)` in `m_dtype`.
+    """
+    c_in = c * keep_t if keep_t is not None else c
+    z = (xw_t + rec.to(xw_t.dtype)).view(xw_t.shape[0], 4, -1)
+    i, j, f, o = torch.sigmoid(z[:, 0]), torch.tanh(z[:, 1]), torch.sigmoid(z[:, 2]), torch.sigmoid(z[:, 3])
+    c_raw = f * c_in + i * j
+    c_new = c_raw.clamp(-cell_clip, cell_clip) if cell_clip is not None else c_raw
+    tanh_c = torch.tanh(c_new)
+    return torch.stack([i, j, f, o], 1), c_in, c_raw, c_new, tanh_c, (o * tanh_c).to(m_dtype)
+
+
+def cell_project(h_raw, keep_next, proj_clip: float | None, h_dtype: torch.dtype, out_dtype: torch.dtype):
+    """A step's projection `(B, P)` clipped (the step's output, in `out_dtype`) and, reset for the next step
+    (``keep_next`` `(B, 1)` or None), the next step's input state in `h_dtype`."""
+    out = h_raw.to(out_dtype)
+    out = out.clamp(-proj_clip, proj_clip) if proj_clip is not None else out
+    return out, (out * keep_next if keep_next is not None else out).to(h_dtype)
+
+
+def cell_backward(dm, u, E_t, F_t, f_back_t, d_dtype: torch.dtype):
+    """A step's elementwise gradient (`_cells_backward`): from the gradient ``dm`` `(B, H)` at ``o * tanh(c)`` and
+    ``u`` `(B, H)` at the clipped cell from the steps after, the gate pre-activations' gradient `(B, 4, H)` in
+    `d_dtype` and the cell gradient carried to the step before (in ``u``'s dtype)."""
+    dm = dm.to(u.dtype)
+    u = u + dm * E_t
+    d_z = torch.cat([u.unsqueeze(1) * F_t[:, :3], (dm * F_t[:, 3]).unsqueeze(1)], 1)
+    return d_z.to(d_dtype), u * f_back_t
+
+
+def cell_carry(g_out_t, dh_in, h_back_t, g_dtype: torch.dtype):
+    """The gradient at step t's projection `(B, P)` in `g_dtype`: the outputs' own plus the next step's gradient
+    at its input state ``dh_in`` through the reset and the clip (``h_back_t`` `(B, 1 or P)`, or None)."""
+    carried = dh_in.to(g_out_t.dtype)
+    carried = carried * h_back_t if h_back_t is not None else carried
+    return (g_out_t + carried).to(g_dtype)
+
+
+class GpuCells:
+    """The four elementwise functions of `ClippedLSTMFunction`'s loop on a GPU, eager as written here;
+    `elmo_cli.compiled.fuse_gpu_cells` gives their compiled twins (one kernel each)."""
+
+    forward = staticmethod(cell_forward)
+    project = staticmethod(cell_project)
+    backward = staticmethod(cell_backward)
+    carry = staticmethod(cell_carry)
+
+
+# What `ClippedLSTMFunction` runs a GPU step's elementwise work with: `GpuCells`, or the compiled twins that
+# `elmo_cli.compiled.fuse_gpu_cells` puts here.
+GPU_CELLS = GpuCells
+
+
+def _cells_forward(x, w_in, bias, h0, c0, w_rec, w_proj, keep, cell_clip, proj_clip, cd, cells):
+    """`_loop_forward` with the step's elementwise work in `cells` and the products in dtype `cd`: per step the
+    recurrent product, ``cells.forward``, the projection, ``cells.project``. Returns what `_loop_forward` does;
+    the gates, cells and states float32 (float64 for a float64 `x`), the products' operands (``h_in``, ``m``) and
+    ``h_raw`` in `cd`."""
+    B, T, D = x.shape
+    sd = torch.float64 if x.dtype == torch.float64 else torch.float32  # the states' dtype
+    x_tm = x.transpose(0, 1).reshape(T * B, D).to(cd)
+    if cd == sd:
+        xw = torch.addmm(bias.to(sd), x_tm, w_in.to(sd).t())
+    else:
+        xw = torch.mm(x_tm, w_in.to(cd).t()).to(sd).add_(bias.to(sd))
+    xw = xw.view(T, B, -1)
+    w_rec_t, w_proj_t = w_rec.to(cd).t(), w_proj.to(cd).t()
+    keep_tm = None if keep is None else keep.t().unsqueeze(-1).to(sd)  # (T, B, 1)
+    h = h0.to(sd)
+    h_in = (h * keep_tm[0] if keep_tm is not None else h).to(cd)
+    c = c0.to(sd)
+    saved = [[] for _ in range(8)]  # acts, c_in, h_in, c_raw, tanh_c, m, h_raw, out
+    for t in range(T):
+        acts, c_in, c_raw, c, tanh_c, m = cells.forward(xw[t], torch.mm(h_in, w_rec_t), c,
+                                                        None if keep_tm is None else keep_tm[t], cell_clip, cd)
+        h_raw = torch.mm(m, w_proj_t)
+        keep_next = None if keep_tm is None or t + 1 == T else keep_tm[t + 1]
+        out_t, h_next = cells.project(h_raw, keep_next, proj_clip, cd, sd)
+        for k, v in enumerate((acts, c_in, h_in, c_raw, tanh_c, m, h_raw, out_t)):
+            saved[k].append(v)
+        h_in = h_next
+    acts, c_in, h_in, c_raw, tanh_c, m, h_raw, out = (torch.stack(v) for v in saved)
+    return (out.transpose(0, 1).contiguous(), out[-1].clone(), c.clone(),
+            (x_tm, keep_tm, acts, c_in, h_in, c_raw, tanh_c, m, h_raw))
+
+
+def _cells_backward(g_out, carry, u, F_, E, f_back, h_back, w_in, w_rec, w_proj, saved, need_x, cells):
+    """`_loop_backward`'s loop and weight gradients with `cells` (its terms computed by `_loop_backward`): per step
+    the product to ``dm``, ``cells.backward``, the product to the input state, ``cells.carry``."""
+    x_tm, keep_tm, acts, c_in, h_in, c_raw, tanh_c, m, h_raw = saved
+    T, B, _, H = acts.shape
+    cd = h_in.dtype
+    w_rec_c, w_proj_c = w_rec.to(cd), w_proj.to(cd)
+    g = cells.carry(g_out[T - 1], carry, None, cd) if carry is not None else g_out[T - 1].to(cd)
+    g_h, d_z = [None] * T, [None] * T
+    for t in range(T - 1, -1, -1):
+        g_h[t] = g
+        d_z[t], u = cells.backward(torch.mm(g, w_proj_c), u, E[t], F_[t], f_back[t], cd)
+        dh_in = torch.mm(d_z[t].view(B, 4 * H), w_rec_c)  # (B, P), at step t's input state
+        if t > 0:
+            g = cells.carry(g_out[t - 1], dh_in, None if h_back is None else h_back[t - 1], cd)
+    d_z2 = torch.stack(d_z).view(T * B, 4 * H)
+    g_h2 = torch.stack(g_h).view(T * B, -1)
+    d_x = torch.mm(d_z2, w_in.to(cd)).view(T, B, -1).transpose(0, 1) if need_x else None
+    d_w_in = torch.mm(d_z2.t(), x_tm)
+    d_bias = d_z2.sum(0, dtype=acts.dtype)
+    d_w_rec = torch.mm(d_z2.t(), h_in.view(T * B, -1))
+    d_w_proj = torch.mm(g_h2.t(), m.view(T * B, H))
+    d_h0 = dh_in.to(acts.dtype) * keep_tm[0] if keep_tm is not None else dh_in
+    return d_x, d_w_in, d_bias, d_h0, u, d_w_rec, d_w_proj
 
 class ProjectedLSTMLayer(nn.Module):
     """One LSTM layer with a projection of its output.
@@ -316,8 +459,14 @@ class ProjectedLSTMLayer(nn.Module):
         h, c = state
         if self.by_hand(x, mask):
             keep = None if reset is None else (~reset).to(x.dtype)
+            cells, dtype = None, None
+            if x.device.type != "cpu":
+                cells = GPU_CELLS
+                if torch.is_autocast_enabled(x.device.type):
+                    dtype = torch.get_autocast_dtype(x.device.type)
             out, h, c = ClippedLSTMFunction.apply(x, self.input_weight, self.gate_bias, h, c, self.recurrent_weight,
-                                                  self.projection_weight, keep, self.cell_clip, self.proj_clip)
+                                                  self.projection_weight, keep, self.cell_clip, self.proj_clip,
+                                                  dtype, cells)
             return out, (h, c)
         xw = self.input_product(x)  # (B, T, 4H)
         w_rec, w_proj = autocast_once(x.device.type, self.recurrent_weight.t(), self.projection_weight.t())
@@ -336,11 +485,15 @@ class ProjectedLSTMLayer(nn.Module):
         return torch.stack(outputs, dim=1), (h, c)
 
     def by_hand(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
-        """Whether `forward`'s loop runs as `ClippedLSTMFunction`: in a training step on a CPU (no autocast, not
-        compiled, no mask), unless `hand_gradient` is off (`elmo_cli.compiled` turns it off for its loops)."""
-        return (self.hand_gradient and mask is None and self.training and torch.is_grad_enabled()
-                and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling())
+        """Whether `forward`'s loop runs as `ClippedLSTMFunction`: in a training step (not compiled, no mask) on a
+        CPU without autocast, or on a CUDA GPU with or without it (there with `GPU_CELLS`), unless `hand_gradient`
+        is off (`elmo_cli.compiled` turns it off for its loops; `train --no-fused-lstm` on a GPU)."""
+        if not (self.hand_gradient and mask is None and self.training and torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()):
+            return False
+        if x.device.type == "cpu":
+            return not torch.is_autocast_enabled("cpu")
+        return x.device.type == "cuda"
 
     def input_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W_in + B`` plus the forget bias, every step at once: `(..., D)` -> `(..., 4H)`."""
