@@ -126,17 +126,29 @@ class FusedGpuCells:
     any CUDA-graph capture (the capture's warm-up calls them first); where a compilation fails, every later call
     runs `lstm.GpuCells` (the same function, eager) and `note` is told once."""
 
+    # Compilations each function may need in a process: dtypes (fp32, bf16) x the optional arguments (a reset, the
+    # next step's) x shapes (one, then one with dynamic sizes) x runs; Dynamo's default limit is 8.
+    RECOMPILES = 64
+
     def __init__(self, note=None):
         use_cache_dir()
         self.note = note
         self.failed = False
+        config = torch._dynamo.config
+        for limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                      "accumulated_cache_size_limit"):
+            if hasattr(config, limit):
+                setattr(config, limit, max(getattr(config, limit), self.RECOMPILES))
         self._fns = {name: torch.compile(getattr(lstm.GpuCells, name), fullgraph=True)
                      for name in ("forward", "project", "backward", "carry")}
 
     def _call(self, name: str, *args):
         if not self.failed:
             try:
-                return self._fns[name](*args)
+                # one global state for every call (forward under the step's autocast, backward outside it, the
+                # autocast cache on or off): Dynamo guards on it, and would compile again for each
+                with torch.autocast(args[0].device.type, enabled=False, cache_enabled=False):
+                    return self._fns[name](*args)
             except Exception as error:  # noqa: BLE001 - any failure of the compiler: the eager cells continue
                 if not is_compile_failure(error):
                     raise

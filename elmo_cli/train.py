@@ -132,9 +132,11 @@ class BiLMLoss(nn.Module):
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
     """Global gradient-norm clip over dense and sparse gradients (TF's clip_by_global_norm); returns the norm.
 
-    Sparse gradients are coalesced first (duplicate rows summed), so the norm is that of the dense equivalent.
+    Sparse gradients are coalesced first (duplicate rows summed), so the norm is that of the dense equivalent. On a
+    GPU the dense gradients' norms and the scaling are multi-tensor operations (a few kernels, not a few per
+    parameter: the same norm, summed in another order).
     """
-    squares = []
+    squares, dense = [], []
     for p in parameters:
         g = p.grad
         if g is None:
@@ -143,15 +145,22 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
             g = g.coalesce()
             p.grad = g
             squares.append(g._values().float().pow(2).sum())
+        elif g.device.type == "cuda" and g.dtype == torch.float32:
+            dense.append(g)
         else:
             squares.append(g.float().pow(2).sum())
+    if dense:
+        squares.append(torch.stack(torch._foreach_norm(dense)).pow(2).sum())
     if not squares:
         return 0.0
     total = float(torch.stack(squares).sum().sqrt())
     if max_norm > 0 and math.isfinite(total) and total > max_norm:
         scale = max_norm / total
+        if dense:
+            torch._foreach_mul_(dense, scale)
+        done = {id(g) for g in dense}
         for p in parameters:
-            if p.grad is not None:
+            if p.grad is not None and id(p.grad) not in done:
                 p.grad.mul_(scale)
     return total
 
@@ -322,6 +331,23 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 # ---- the recipe: optimizer, learning rate, baseline -------------------------------------------------------------
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """`optimizer.load_state_dict(state)`, where `state` may group the same parameters, in the same order,
+    otherwise (one group, or `make_optimizer`'s dense and sparse groups: a run resumed on another device)."""
+    groups = state["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        flat = [i for g in groups for i in g["params"]]
+        sizes = [len(g["params"]) for g in optimizer.param_groups]
+        if len(flat) != sum(sizes):
+            raise ValueError(f"the checkpoint's optimizer holds {len(flat)} parameters, the model {sum(sizes)}")
+        regrouped, start = [], 0
+        for n in sizes:
+            regrouped.append({**groups[0], "params": flat[start:start + n]})
+            start += n
+        state = {**state, "param_groups": regrouped}
+    optimizer.load_state_dict(state)
+
+
 def lr_factor(progress: float, tc: TrainingConfig) -> float:
     """The learning rate over ``lr`` at ``progress`` in [0, 1] of the run (see `TrainingConfig.lr_schedule`).
 
@@ -337,13 +363,24 @@ def lr_factor(progress: float, tc: TrainingConfig) -> float:
     return tc.final_lr_ratio + (1.0 - tc.final_lr_ratio) * decay
 
 
-def make_optimizer(params: list[nn.Parameter], tc: TrainingConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], tc: TrainingConfig, sparse: list[nn.Parameter] = ()
+                   ) -> torch.optim.Optimizer:
     """The run's optimizer over `params` (on their device). Adam(W) on a CPU is torch's fused kernel: one pass over
     each parameter instead of the default multi-tensor (foreach) update's dozen, about 2 ms against 11 ms a step for
     LSTM 512/128 with a 15k-word softmax on 2 threads (`benchmarks/bench_step.py`); the same update, rounded a
-    little differently. Elsewhere torch's default."""
+    little differently. Elsewhere torch's default.
+
+    `sparse`: the last parameters of `params` whose gradients are sparse (the softmax on a GPU), given Adagrad
+    group of their own. torch's Adagrad updates a group holding a sparse gradient one parameter at a time, a
+    handful of kernels each; the dense group then takes its multi-tensor update, a handful in all (the same
+    arithmetic). Its state dict has two groups; `load_optimizer_state` reads one of either layout."""
     if tc.optimizer == "adagrad":
-        return torch.optim.Adagrad(params, lr=tc.lr, initial_accumulator_value=tc.initial_accumulator)
+        groups = params
+        if sparse:
+            n = len(params) - len(sparse)
+            assert all(a is b for a, b in zip(params[n:], sparse)), "the sparse parameters come last"
+            groups = [{"params": params[:n]}, {"params": params[n:]}]
+        return torch.optim.Adagrad(groups, lr=tc.lr, initial_accumulator_value=tc.initial_accumulator)
     fused = True if params and all(p.device.type == "cpu" for p in params) else None
     if tc.optimizer == "adam":
         return torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
@@ -566,7 +603,9 @@ class _TrainState:
         self.wrapped: nn.Module = nn.parallel.DistributedDataParallel(
             loss, device_ids=[device.index] if device.type == "cuda" else None) if ddp.enabled else loss
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, tc)
+        # On a GPU the sparse softmax gets an Adagrad group of its own (`make_optimizer`).
+        split = [model.softmax.weight, model.softmax.bias] if sparse and device.type == "cuda" else []
+        self.optimizer = make_optimizer(self.params, tc, split)
         # With training.average, the weights that are validated and written: a moving average of the trained ones.
         self.averaged = AveragedModel(model, multi_avg_fn=_MovingAverage()) if tc.average > 0 else None
         self.streams = SentenceStreams(dataset, range(ddp.rank * B, (ddp.rank + 1) * B), ddp.world_size * B,
@@ -600,7 +639,7 @@ class _TrainState:
             if ckpt.get("average") is None:
                 raise ElmoError("the checkpoint holds no weight average (training.average); resume without it")
             self.averaged.load_state_dict(ckpt["average"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(self.optimizer, ckpt["optimizer"])
         data_state, self.states = restore_rank(ckpt["ranks"][rank], self.sampler, device,
                                                self.model.config.lstm.n_layers)
         self.streams.load_state(data_state)
@@ -762,10 +801,10 @@ class _Trainer:
                     tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None,
                     stacks=stacks)
                 loss = (f_loss + b_loss) / 2
-            f_val, b_val = float(f_loss.detach()), float(b_loss.detach())
-            _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
             self.state.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # queued before the losses are read, so that a GPU is not left waiting meanwhile
+            f_val, b_val = torch.stack([f_loss.detach(), b_loss.detach()]).float().tolist()
+            _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
             return f_val, b_val, new_states
 
         try:

@@ -1,6 +1,7 @@
 """Training: the loss falls, resume is exact (in process and after SIGKILL), SIGTERM checkpoints, torchrun."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -455,3 +456,40 @@ def test_adam_on_a_cpu_is_the_fused_kernel_and_updates_as_the_default_does(optim
         default.step()
     for p, q in zip(a, b):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
+
+
+def test_adagrad_with_a_sparse_group_updates_as_one_group_and_resumes_across_layouts():
+    """`make_optimizer` gives the sparse softmax its own Adagrad group (on a GPU, so that the dense group takes the
+    multi-tensor update): five steps equal one group's, and `load_optimizer_state` reads either layout's state
+    into the other (a run resumed on another device), continuing identically."""
+    from elmo_cli.train import load_optimizer_state
+
+    tc = tiny_config().training
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(6, 3)), torch.nn.Parameter(torch.randn(10, 3))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    split, whole = make_optimizer(a, tc, sparse=a[1:]), make_optimizer(b, tc)
+    assert [len(g["params"]) for g in split.param_groups] == [1, 1] and len(whole.param_groups) == 1
+
+    def step(pairs):
+        g_dense = torch.randn(6, 3)
+        rows = torch.tensor([[1, 4, 4]])
+        g_sparse = torch.sparse_coo_tensor(rows, torch.randn(3, 3), (10, 3))
+        for params, opt in pairs:
+            params[0].grad, params[1].grad = g_dense.clone(), g_sparse.clone()
+            opt.step()
+
+    for _ in range(5):
+        step([(a, split), (b, whole)])
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    c = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    d = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    into_whole, into_split = make_optimizer(c, tc), make_optimizer(d, tc, sparse=d[1:])
+    load_optimizer_state(into_whole, copy.deepcopy(split.state_dict()))  # as read back from a checkpoint file
+    load_optimizer_state(into_split, copy.deepcopy(whole.state_dict()))
+    for _ in range(3):
+        step([(a, split), (c, into_whole), (d, into_split)])
+    for p, q, r in zip(a, c, d):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+        torch.testing.assert_close(p, r, atol=0, rtol=0)
