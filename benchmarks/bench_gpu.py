@@ -341,6 +341,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp, \
             Recording("gpu", "python -m benchmarks.bench_gpu" + (f" --parts {' '.join(args.parts)}"
                                                                  if set(parts) != set(PARTS) else "")
+                      + "".join(f" --{name} {' '.join(map(str, getattr(args, name)))}" for name in
+                                ("steps", "compare", "presets", "rows") if getattr(args, name) != parser.get_default(name))
                       + (f" --budget {args.budget:g}" if math.isfinite(args.budget) else "")) as rec:
         rec.figures = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
                        "peaks_bf16_fp32": peak_rates(torch.cuda.get_device_name())}
