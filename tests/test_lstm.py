@@ -284,6 +284,18 @@ def test_the_hand_written_gradient_runs_only_in_a_training_step_on_a_cpu_in_fp32
     assert len(calls) == 1
 
 
+def _loop_and_gradients(layer, x, state, keep, clips, dtype, cells, loss):
+    """`ClippedLSTMFunction` over `layer`'s weights (the given compute dtype and cells), then `loss(out, h, c)`
+    backwards: the outputs, the final state, and the gradients of x, the state and the parameters."""
+    leaves = [x, *state, *layer.parameters()]
+    for t in leaves:
+        t.grad = None
+    out, h, c = ClippedLSTMFunction.apply(x, layer.input_weight, layer.gate_bias, *state, layer.recurrent_weight,
+                                          layer.projection_weight, keep, *clips, dtype, cells)
+    loss(out, h, c).backward()
+    return [out.detach(), h.detach(), c.detach()] + [t.grad for t in leaves]
+
+
 @pytest.mark.parametrize("clips", [(0.5, 0.3), (3.0, None), (None, 3.0)])
 @pytest.mark.parametrize("with_reset", [True, False])
 def test_the_gpu_loop_equals_the_cpu_loop(clips, with_reset):
@@ -297,16 +309,11 @@ def test_the_gpu_loop_equals_the_cpu_loop(clips, with_reset):
     if with_reset:
         keep = torch.ones(3, 9, dtype=torch.float64)
         keep[0, 3] = keep[1, 0] = keep[2, 5] = keep[2, 6] = 0.0
-    got = []
-    for cells in (None, lstm.GpuCells):
-        leaves = [x, *state, *layer.parameters()]
-        for t in leaves:
-            t.grad = None
-        out, h, c = ClippedLSTMFunction.apply(x, layer.input_weight, layer.gate_bias, *state, layer.recurrent_weight,
-                                              layer.projection_weight, keep, *clips, None, cells)
+    def loss(out, h, c):
         w = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=out.dtype)
-        ((out * w).sum() + (h * 0.7).sum() + (c * 0.3).sum()).backward()
-        got.append([out.detach(), h.detach(), c.detach()] + [t.grad for t in leaves])
+        return (out * w).sum() + (h * 0.7).sum() + (c * 0.3).sum()
+
+    got = [_loop_and_gradients(layer, x, state, keep, clips, None, cells, loss) for cells in (None, lstm.GpuCells)]
     for a, b in zip(*got):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
@@ -319,15 +326,9 @@ def test_the_gpu_loop_in_bf16_keeps_float32_states_and_gradients():
     x = torch.randn(4, 7, 16, generator=g, requires_grad=True)
     state = tuple(torch.randn(4, n, generator=g).requires_grad_() for n in (16, 32))
     keep = (torch.rand(4, 7, generator=g) > 0.2).float()
-    got = []
-    for dtype in (None, torch.bfloat16):
-        leaves = [x, *state, *layer.parameters()]
-        for t in leaves:
-            t.grad = None
-        out, h, c = ClippedLSTMFunction.apply(x, layer.input_weight, layer.gate_bias, *state, layer.recurrent_weight,
-                                              layer.projection_weight, keep, 3.0, 3.0, dtype, lstm.GpuCells)
-        (out.square().sum() + h.sum() + c.sum()).backward()
-        got.append([out, h, c] + [t.grad for t in leaves])
+    got = [_loop_and_gradients(layer, x, state, keep, (3.0, 3.0), dtype, lstm.GpuCells,
+                               lambda out, h, c: out.square().sum() + h.sum() + c.sum())
+           for dtype in (None, torch.bfloat16)]
     for a, b in zip(*got):
         assert a.dtype == b.dtype == torch.float32
         assert 0 < (a - b).abs().max() <= 2e-2 * b.abs().max()

@@ -487,7 +487,7 @@ class ProjectedLSTMLayer(nn.Module):
     def by_hand(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
         """Whether `forward`'s loop runs as `ClippedLSTMFunction`: in a training step (not compiled, no mask) on a
         CPU without autocast, or on a CUDA GPU with or without it (there with `GPU_CELLS`), unless `hand_gradient`
-        is off (`elmo_cli.compiled` turns it off for its loops; `train --no-fused-lstm` on a GPU)."""
+        is off (`elmo_cli.compiled` turns it off for its compiled CPU loops)."""
         if not (self.hand_gradient and mask is None and self.training and torch.is_grad_enabled()
                 and not torch.compiler.is_compiling()):
             return False
