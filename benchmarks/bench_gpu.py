@@ -123,10 +123,10 @@ def auto_choice(shards: Path, minutes: float = 15.0) -> dict:
 # the sparsity figures halved): (bf16 tensor cores, fp32 without tensor cores).
 PEAKS = {"H100 PCIe": (756e12, 51e12), "H100 NVL": (835e12, 60e12), "H100": (989e12, 67e12), "H200": (989e12, 67e12)}
 # In the order a run takes them: the step table and the dump at scale (what `against_targets` reads) first.
-PARTS = ("steps", "profile", "dump-scale", "dump", "reference", "auto", "train")
+PARTS = ("steps", "profile", "ddp", "dump-scale", "dump", "reference", "auto", "train")
 # Seconds a part needs at least, so that none starts that would run far past --budget (the step table and the
 # shape-by-rows rates stop at the budget themselves; `auto`'s 15-minute choice took 20 s of probes on an H200).
-PART_SECONDS = {"profile": 40, "dump-scale": 40, "dump": 45, "reference": 15, "auto": 60, "train": 90}
+PART_SECONDS = {"profile": 40, "ddp": 40, "dump-scale": 40, "dump": 45, "reference": 15, "auto": 60, "train": 90}
 
 
 def peak_rates(name: str) -> tuple[float, float] | None:
@@ -134,11 +134,27 @@ def peak_rates(name: str) -> tuple[float, float] | None:
     return next((rates for key, rates in PEAKS.items() if key in name), None)
 
 
-# The training steps a row of the step table times: (CUDA graphs, fused cells, the LSTM's gradient by hand).
-# "fused+graphs" is the default on a GPU; "graphs" and "eager" the steps before the fused loop (autograd over the
-# LSTM's loop, as on 2026-11-27), "fused" the fused loop without graphs (`--no-cuda-graphs`, as under torchrun).
-STEPS = {"eager": (False, False, False), "graphs": (True, False, False), "fused": (False, True, True),
-         "fused+graphs": (True, True, True)}
+# The training steps a row of the step table times: (CUDA graphs, fused cells, the LSTM's gradient by hand, the
+# step queued: `train._TrainState.queue_step`). "queued" is the default on a GPU; "fused+graphs" the default of
+# 2026-12-04 (reading its results as it went); "graphs" and "eager" the steps before the fused loop (autograd over
+# the LSTM's loop, as on 2026-11-27), "fused" the fused loop without graphs (`--no-cuda-graphs`, as under torchrun).
+STEPS = {"eager": (False, False, False, False), "graphs": (True, False, False, False),
+         "fused": (False, True, True, False), "fused+graphs": (True, True, True, False),
+         "queued": (True, True, True, True)}
+
+
+@contextlib.contextmanager
+def queued_step(on: bool):
+    """With `on` False, a GPU training step reads its results as it goes (the step before `queue_step`)."""
+    from elmo_cli.train import _TrainState
+
+    plain = _TrainState.queue_step
+    if not on:
+        _TrainState.queue_step = lambda self, _on: plain(self, False)
+    try:
+        yield
+    finally:
+        _TrainState.queue_step = plain
 
 
 @contextlib.contextmanager
@@ -163,12 +179,12 @@ def step_rate(shards: Path, preset: str, dtype: str, batch: int, step: str, seco
     from elmo_cli.train import measure_throughput, open_shards
 
     data = open_shards(shards)
-    graphs, fused, by_hand = STEPS[step]
+    graphs, fused, by_hand, queued = STEPS[step]
     cfg = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype, cuda_graphs=graphs,
                                                   fuse_lstm=fused)
     notes: list[str] = []
     try:
-        with lstm_gradient(by_hand):
+        with lstm_gradient(by_hand), queued_step(queued):
             rate = measure_throughput(cfg, data, seconds, notes)
     except torch.OutOfMemoryError:
         rate = None
@@ -192,7 +208,7 @@ def step_rate(shards: Path, preset: str, dtype: str, batch: int, step: str, seco
 
 
 def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 128, 512), seconds: float = 3.0,
-               out: list | None = None, deadline: float = math.inf, steps=("graphs", "fused+graphs"),
+               out: list | None = None, deadline: float = math.inf, steps=("fused+graphs", "queued"),
                only=None) -> list[dict]:
     """Training tokens/s (and MFU where the GPU's peak is known) by preset, rows, dtype and step (`STEPS`),
     appended to `out` as measured; configurations not started by `deadline` (time.monotonic) are left out.
@@ -210,18 +226,41 @@ def step_table(shards: Path, presets=("laptop", "small", "original"), rows=(32, 
     return out
 
 
+def sync_sites(trainer, steps: int = 3) -> dict[str, float]:
+    """Where a trainer's steps make the host wait for the GPU: torch's sync debug mode over `steps` steps, each
+    synchronizing call counted by the file and line that made it (per step)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                trainer.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites: dict[str, float] = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            where = f"{Path(w.filename).name}:{w.lineno}"
+            sites[where] = sites.get(where, 0) + 1 / steps
+    return {k: round(v, 2) for k, v in sorted(sites.items(), key=lambda kv: -kv[1])}
+
+
 def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", batch: int = 128,
-                 steps: int = 5) -> dict:
+                 steps: int = 5, queued: bool = True) -> dict:
     """Where a default GPU step's time goes (torch.profiler over `steps` steps after warm-up): the wall time per
-    step, the GPU's busy time per step (the union of its kernels' intervals), the kernels launched per step, and
-    the CUDA time of the most costly kernels and of the host-side operations."""
+    step, the GPU's busy time per step (the union of its kernels' intervals), the kernels launched per step, the
+    host's waits for the GPU per step (synchronizations and blocking copies: their count and time) and the CUDA
+    time of the most costly kernels. `queued` False: the step that reads its results as it goes."""
     from elmo_cli.presets import load_config
     from elmo_cli.train import _Trainer, _training_process, open_shards
     from torch.profiler import ProfilerActivity, profile
 
     data = open_shards(shards)
     cfg = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype)
-    with _training_process(cfg.training.threads):
+    with _training_process(cfg.training.threads), queued_step(queued):
         trainer = _Trainer.bare(cfg, data)
         trainer.state.total_steps = 1_000_000
         for _ in range(4):
@@ -233,7 +272,13 @@ def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", ba
                 trainer.step()
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t) / steps
+        sites = sync_sites(trainer)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    host = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    waits = [e for e in host if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+             or (e.name.startswith("cudaMemcpy") and not e.name.startswith("cudaMemcpyAsync"))]
+    wait_us = sum(e.time_range.end - e.time_range.start for e in waits)
+    copy_us = sum(e.time_range.end - e.time_range.start for e in host if e.name.startswith("cudaMemcpyAsync"))
     spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
     busy, end = 0.0, -math.inf
     for a, b in spans:
@@ -250,8 +295,62 @@ def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", ba
     gc.collect()
     torch.cuda.empty_cache()
     return {"preset": preset, "dtype": dtype, "batch": batch, "wall_ms_per_step": round(wall * 1e3, 2),
+            "sync_sites_per_step": sites,
             "gpu_busy_ms_per_step": round(busy / 1e3 / steps, 2), "kernels_per_step": round(len(kernels) / steps),
+            "host_waits_per_step": round(len(waits) / steps, 1),
+            "host_wait_ms_per_step": round(wait_us / 1e3 / steps, 2),
+            "host_copy_call_ms_per_step": round(copy_us / 1e3 / steps, 2), "queued": queued,
             "top_kernels_ms_per_step": [[n, round(t / 1e3 / steps, 3), c // steps] for n, (t, c) in top]}
+
+
+def ddp_rates(shards: Path, preset: str = "original", dtype: str = "bf16", batch: int = 128,
+              seconds: float = 3.0) -> dict:
+    """What DistributedDataParallel costs a step on one GPU: training tokens/s of one process wrapped in DDP (NCCL,
+    a world of one: its bucketed all-reduce hooks fire as the backward pass makes each bucket's gradients, and
+    each all-reduce is a copy) beside the same process unwrapped, both as a torchrun process runs (no CUDA graphs,
+    the softmax's gradient dense), and the default single-GPU step beside them. What it cannot measure: the
+    all-reduce's time across GPUs (NCCL over NVLink or a network) and its overlap with the backward pass there."""
+    import torch.distributed as dist
+    from elmo_cli.distributed import Dist
+    from elmo_cli.presets import load_config
+    from elmo_cli.train import _Trainer, _TrainState, _training_process, open_shards
+
+    class OneProcessJob(Dist):
+        @property
+        def enabled(self) -> bool:  # a world of one, wrapped as a torchrun process of a larger one would be
+            return True
+
+    data = open_shards(shards)
+    base = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype)
+    as_torchrun = base.with_training(cuda_graphs=False, sparse_softmax=False)
+    out = {"preset": preset, "dtype": dtype, "batch": batch}
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for key, cfg, wrapped in (("single_gpu_default", base, False), ("unwrapped_as_torchrun", as_torchrun, False),
+                                  ("ddp_one_process", as_torchrun, True)):
+            with _training_process(cfg.training.threads):
+                trainer = _Trainer.bare(cfg, data)
+                if wrapped:
+                    trainer.ddp, trainer.device = OneProcessJob(), torch.device("cuda", torch.cuda.current_device())
+                    trainer.state = _TrainState(trainer.config, data, trainer.ddp, trainer.device, None, None, False)
+                    assert isinstance(trainer.state.wrapped, torch.nn.parallel.DistributedDataParallel)
+                trainer.state.total_steps = 1_000_000
+                for _ in range(3):
+                    trainer.step()
+                torch.cuda.synchronize()
+                tokens, steps, start = 0, 0, time.monotonic()
+                while steps < 5 or time.monotonic() - start < seconds:
+                    tokens += trainer.step()[3]
+                    steps += 1
+                torch.cuda.synchronize()
+                out[key + "_tokens_per_s"] = round(tokens / (time.monotonic() - start))
+            del trainer
+            gc.collect()
+            torch.cuda.empty_cache()
+    finally:
+        dist.destroy_process_group()
+    out["ddp_over_unwrapped"] = round(out["ddp_one_process_tokens_per_s"] / out["unwrapped_as_torchrun_tokens_per_s"], 3)
+    return out
 
 
 def against_targets(figures: dict) -> list[str]:
@@ -317,12 +416,13 @@ def dump_scale(model_dir: Path, text: Path, work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--steps", nargs="+", choices=list(STEPS), default=["graphs", "fused+graphs"],
+    parser.add_argument("--steps", nargs="+", choices=list(STEPS), default=["fused+graphs", "queued"],
                         help="the steps of the step table (the last timed everywhere, the others where --compare)")
     parser.add_argument("--compare", nargs="*", default=["original:bf16:128", "original:fp32:128", "laptop:fp32:32"],
                         help="PRESET:DTYPE:ROWS where every step of --steps is timed")
     parser.add_argument("--presets", nargs="+", default=["laptop", "small", "original"])
     parser.add_argument("--rows", nargs="+", type=int, default=[32, 128, 512])
+    parser.add_argument("--label", default=None, help="results/gpu-LABEL-DATE.json (beside a run of the same day)")
     parser.add_argument("--budget", type=float, default=math.inf,
                         help="seconds: parts and rows not started by then are left out (and listed as skipped)")
     args = parser.parse_args()
@@ -343,7 +443,8 @@ def main() -> None:
                                                                  if set(parts) != set(PARTS) else "")
                       + "".join(f" --{name} {' '.join(map(str, getattr(args, name)))}" for name in
                                 ("steps", "compare", "presets", "rows") if getattr(args, name) != parser.get_default(name))
-                      + (f" --budget {args.budget:g}" if math.isfinite(args.budget) else "")) as rec:
+                      + (f" --budget {args.budget:g}" if math.isfinite(args.budget) else "")
+                      + (f" --label {args.label}" if args.label else ""), label=args.label) as rec:
         rec.figures = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
                        "peaks_bf16_fp32": peak_rates(torch.cuda.get_device_name())}
         work = Path(tmp)
@@ -365,7 +466,7 @@ def main() -> None:
             print(line, flush=True)
 
 
-STEP_CHOICE: dict = {"steps": ("graphs", "fused+graphs")}  # the step table's arguments from the command line
+STEP_CHOICE: dict = {"steps": ("fused+graphs", "queued")}  # the step table's arguments from the command line
 
 
 def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, deadline: float) -> None:
@@ -374,12 +475,22 @@ def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, dea
         print("training steps by preset, dtype and rows: " + ", ".join(STEP_CHOICE["steps"]), flush=True)
         step_table(work / "shards", out=figures.setdefault("steps", []), deadline=deadline, **STEP_CHOICE)
     elif part == "profile":
-        prof = figures["step_profile"] = step_profile(work / "shards")
-        print(f"profile of the default step, {prof['preset']} {prof['dtype']} {prof['batch']} rows: "
-              f"{prof['wall_ms_per_step']} ms a step, the GPU busy {prof['gpu_busy_ms_per_step']} ms, "
-              f"{prof['kernels_per_step']:,} kernels", flush=True)
-        for name, ms, calls in prof["top_kernels_ms_per_step"]:
-            print(f"  {ms:8.3f} ms {calls:6,}  {name}", flush=True)
+        for key, queued in (("step_profile", True), ("step_profile_unqueued", False)):
+            prof = figures[key] = step_profile(work / "shards", queued=queued)
+            print(f"profile of the {'default' if queued else 'unqueued'} step, {prof['preset']} {prof['dtype']} "
+                  f"{prof['batch']} rows: {prof['wall_ms_per_step']} ms a step, the GPU busy "
+                  f"{prof['gpu_busy_ms_per_step']} ms, {prof['kernels_per_step']:,} kernels, the host waiting "
+                  f"{prof['host_waits_per_step']} times ({prof['host_wait_ms_per_step']} ms), copy calls "
+                  f"{prof['host_copy_call_ms_per_step']} ms", flush=True)
+            print(f"  waits by site, per step: {prof['sync_sites_per_step']}", flush=True)
+            for name, ms, calls in prof["top_kernels_ms_per_step"][:8 if queued else 4]:
+                print(f"  {ms:8.3f} ms {calls:6,}  {name}", flush=True)
+    elif part == "ddp":
+        d = figures["ddp_one_gpu"] = ddp_rates(work / "shards")
+        print(f"DDP on one GPU, {d['preset']} {d['dtype']} {d['batch']} rows: the default single-GPU step "
+              f"{d['single_gpu_default_tokens_per_s']:,} tokens/s; as a torchrun process (no graphs, dense softmax) "
+              f"{d['unwrapped_as_torchrun_tokens_per_s']:,} unwrapped, {d['ddp_one_process_tokens_per_s']:,} in "
+              f"DDP ({d['ddp_over_unwrapped']}x)", flush=True)
     elif part == "dump-scale":
         scale = figures["dump_original_scale"] = dump_scale(work / "model", text, work)
         print("dump original at scale, --layers average --dtype float16: " + " | ".join(

@@ -40,6 +40,12 @@ class LMBatch:
     n_tokens: int  # target positions that are not padding (per direction)
     starts: torch.Tensor  # (B, T) bool, True at each sentence's first pair (<S> forward, </S> backward)
 
+    def pin_memory(self) -> "LMBatch":
+        """The batch in page-locked host memory, so that a GPU copy of it is queued without waiting (a copy from
+        ordinary memory waits for the GPU to finish everything queued before it)."""
+        return LMBatch(self.fwd_chars.pin_memory(), self.fwd_targets.pin_memory(), self.bwd_chars.pin_memory(),
+                       self.bwd_targets.pin_memory(), self.n_tokens, self.starts.pin_memory())
+
     def to(self, device: torch.device) -> "LMBatch":
         return LMBatch(self.fwd_chars.to(device, non_blocking=True), self.fwd_targets.to(device, non_blocking=True),
                        self.bwd_chars.to(device, non_blocking=True), self.bwd_targets.to(device, non_blocking=True),

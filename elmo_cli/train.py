@@ -41,8 +41,10 @@ from elmo_cli.graphed import StepStacks, reason_not
 from elmo_cli.loading import LoadedModel, init_from as init_from_model, model_architecture, resolve_device, set_threads
 from elmo_cli.model.bilm import BiLM
 from elmo_cli.model import lstm
+from elmo_cli.model.encoder import DistinctTokens
 from elmo_cli.model.lstm import State
 from elmo_cli.model.softmax import log_uniform_sample
+from elmo_cli import row_updates
 from elmo_cli.plot import CURVES_FILE, plot_runs, read_metrics
 from elmo_cli.presets import AUTO, build_config, load_config
 from elmo_cli.train_config import RunConfig, TrainingConfig, read_config_file, save_config
@@ -106,8 +108,8 @@ class BiLMLoss(nn.Module):
 
     def forward(self, fwd_chars: torch.Tensor, bwd_chars: torch.Tensor, fwd_targets: torch.Tensor,
                 bwd_targets: torch.Tensor, states: tuple, negatives: tuple[torch.Tensor, torch.Tensor],
-                tries: tuple[int, int], starts: torch.Tensor | None = None, stacks=None
-                ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+                tries: tuple[int, int], starts: torch.Tensor | None = None, stacks=None,
+                tokens: DistinctTokens | None = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """
         # Parameters
         fwd_chars, bwd_chars : `(B, T, W)` prediction-form ids; fwd_targets, bwd_targets : `(B, T)`.
@@ -115,11 +117,12 @@ class BiLMLoss(nn.Module):
         negatives : each direction's sampled ids `(S,)`; tries : their draw counts.
         starts : `(B, T)` bool, sentence starts where the states are zeroed, or None to carry them through (bilm-tf).
         stacks : what runs `BiLM.lm_stacks`, None for itself (`BiLM.lm_hidden`; the trainer's `StepStacks`).
+        tokens : the distinct tokens of both streams' chars, found on the host (`DistinctTokens.of`), or None.
 
         # Returns
         forward loss, backward loss (scalars), the new states.
         """
-        f_top, b_top, new_states = self.bilm.lm_hidden(fwd_chars, bwd_chars, states, starts, stacks)
+        f_top, b_top, new_states = self.bilm.lm_hidden(fwd_chars, bwd_chars, states, starts, stacks, tokens)
         P = f_top.shape[-1]
         softmax = self.bilm.softmax
         f_loss, b_loss = softmax.sampled_losses([
@@ -626,6 +629,16 @@ class _TrainState:
         self.compiled = self.compile_off is None
         if self.compiled:
             compiled.compile_layers(model)
+        self.queued = False
+        self.queue_step(device.type == "cuda")
+
+    def queue_step(self, on: bool) -> None:
+        """Whether a step queues all its work before reading a result (on a GPU; `elmo_cli.row_updates`): the
+        losses and gradient norm read once at its end, the clip's scale computed on the device, and the sparse
+        softmax updated from its gathered rows (`SharedSoftmax.row_grads`, `row_updates.adagrad_rows_`) instead
+        of a sparse gradient. The same arithmetic either way; a CPU step reads as it goes (nothing waits there)."""
+        self.queued = on
+        self.model.softmax.row_grads = on and self.model.softmax.sparse
 
     @property
     def result_model(self) -> BiLM:
@@ -652,6 +665,9 @@ class _Trainer:
     Built once (`__init__`: fresh, fine-tuned or resumed); `step` is one optimizer step, `checkpoint` and
     `validate` the run's two kinds of writes; `_decide` makes the processes agree; `_train` drives it.
     """
+
+    _prefetched: tuple | None = None  # the next step's inputs, made by a queued step (`_prefetch`)
+    _before_prefetch: tuple | None = None  # the data position and sampler state from before them
 
     def __init__(self, config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None,
                  resume: bool, init_from: "Path | ModelFiles | None", reset_softmax: bool, chosen: dict | None = None):
@@ -731,7 +747,8 @@ class _Trainer:
         return self.progress.elapsed_before + time.monotonic() - self.start
 
     def checkpoint(self) -> Path | None:
-        mine = rank_state(self.state.sampler, self.device, self.state.streams.state(), self.state.states)
+        sampler, data = self._data_state()
+        mine = rank_state(sampler, self.device, data, self.state.states)
         gathered: list = [mine]
         if self.ddp.enabled:
             gathered = [None] * self.ddp.world_size
@@ -775,6 +792,43 @@ class _Trainer:
         return self.progress.step / self.state.total_steps, self.elapsed() / tc.max_time if tc.max_time else 0.0
 
     # ---- one step -----------------------------------------------------------------------------------------------
+    def _inputs(self) -> tuple[LMBatch, DistinctTokens, list[torch.Tensor], list[int]]:
+        """The next step's batch, its distinct tokens and each direction's negatives with their draw counts, made on
+        the host and on the step's device (on a GPU from page-locked memory: queued, not waited for); made by
+        the step before when it was queued (`_prefetch`)."""
+        if self._prefetched is not None:
+            inputs, self._prefetched, self._before_prefetch = self._prefetched, None, None
+            return inputs
+        tc, state = self.tc, self.state
+        batch = state.streams.next_batch(tc.unroll_steps)
+        tokens = DistinctTokens.of(torch.cat([batch.fwd_chars, batch.bwd_chars]),
+                                   state.model.config.char_cnn.max_characters_per_token)
+        negatives, tries = [], []
+        for _ in range(2):
+            ids, n_tries = log_uniform_sample(tc.n_negative_samples, state.V, state.sampler)
+            negatives.append(ids)
+            tries.append(n_tries)
+        if self.device.type == "cuda":
+            batch, tokens = batch.pin_memory(), tokens.pin_memory()
+            negatives = [ids.pin_memory() for ids in negatives]
+        return (batch.to(self.device), tokens.to(self.device, non_blocking=True),
+                [ids.to(self.device, non_blocking=True) for ids in negatives], tries)
+
+    def _prefetch(self) -> None:
+        """Make the next step's inputs now, while the GPU still runs this step's queued work; a checkpoint taken
+        before that step saves the data position and sampler state from before them (`_data_state`)."""
+        self._before_prefetch = (self.state.streams.state(), self.state.sampler.get_state())
+        self._prefetched = self._inputs()
+
+    def _data_state(self) -> tuple[torch.Generator, "np.ndarray"]:
+        """The sampler and data position the next step starts from (before any inputs made ahead of it)."""
+        if self._before_prefetch is None:
+            return self.state.sampler, self.state.streams.state()
+        data, sampler_state = self._before_prefetch
+        sampler = torch.Generator()
+        sampler.set_state(sampler_state)
+        return sampler, data
+
     def step(self) -> tuple[float, float, float, int, float]:
         """One optimizer step at the scheduled learning rate.
 
@@ -786,46 +840,66 @@ class _Trainer:
         lr = tc.lr * lr_factor(fraction, tc)
         for group in self.state.optimizer.param_groups:
             group["lr"] = lr
-        batch: LMBatch = self.state.streams.next_batch(tc.unroll_steps).to(self.device)
-        negatives, tries = [], []
-        for _ in range(2):
-            ids, n_tries = log_uniform_sample(tc.n_negative_samples, self.state.V, self.state.sampler)
-            negatives.append(ids.to(self.device))
-            tries.append(n_tries)
-        stacks = self.state.stacks
+        state, queued = self.state, self.state.queued
+        batch, tokens, negatives, tries = self._inputs()
+        stacks = state.stacks
 
-        def forward_backward() -> tuple[float, float, tuple]:
+        def forward_backward() -> tuple:
+            """The two losses (read, or on the device when the step is queued) and the new states."""
             with _autocast(self.device, self.autocast, cache=stacks is None):  # a capture cannot use its cache
-                f_loss, b_loss, new_states = self.state.wrapped(
-                    batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, self.state.states,
+                f_loss, b_loss, new_states = state.wrapped(
+                    batch.fwd_chars, batch.bwd_chars, batch.fwd_targets, batch.bwd_targets, state.states,
                     tuple(negatives), tuple(tries), batch.starts if tc.reset_state_per_sentence else None,
-                    stacks=stacks)
+                    stacks=stacks, tokens=tokens)
                 loss = (f_loss + b_loss) / 2
-            self.state.optimizer.zero_grad(set_to_none=True)
+            state.optimizer.zero_grad(set_to_none=True)
             loss.backward()  # queued before the losses are read, so that a GPU is not left waiting meanwhile
+            if queued:
+                return f_loss.detach(), b_loss.detach(), new_states
             f_val, b_val = torch.stack([f_loss.detach(), b_loss.detach()]).float().tolist()
             _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
             return f_val, b_val, new_states
 
         try:
-            f_val, b_val, new_states = forward_backward()
+            f_loss, b_loss, new_states = forward_backward()
         except Exception as error:  # a compilation that fails (its first step): the same step again, eagerly
-            if not (self.state.compiled and compiled.is_compile_failure(error)):
+            if not (state.compiled and compiled.is_compile_failure(error)):
                 raise
-            compiled.eager_layers(self.state.model)
-            self.state.compiled = False
+            compiled.eager_layers(state.model)
+            state.compiled = False
             text = str(error).strip().splitlines()
             note = f"--compile: torch.compile failed ({type(error).__name__}: {text[0][:160] if text else ''}); " \
                    f"the eager step runs"
-            (self._note if self.run_dir is not None else self.state.notes.append)(note)
-            f_val, b_val, new_states = forward_backward()
-        grad_norm = clip_grad_norm(self.state.params, tc.clip_norm)
-        _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
-        self.state.optimizer.step()
-        if self.state.averaged is not None:  # horizon: the last `average` of the run's steps (as the schedule sees them)
-            self.state.averaged.multi_avg_fn.horizon = tc.average * (run.step + 1) / fraction if fraction > 0 else 1.0
-            self.state.averaged.update_parameters(self.state.model)
-        self.state.states = _detach(new_states)
+            (self._note if self.run_dir is not None else state.notes.append)(note)
+            f_loss, b_loss, new_states = forward_backward()
+        if queued:
+            softmax = state.model.softmax
+            rows = []
+            if softmax.row_grads:
+                ids, w_rows, b_rows = softmax.gathered
+                softmax.gathered = None
+                rows = [(softmax.weight, row_updates.summed_rows(ids, w_rows.grad)),
+                        (softmax.bias, row_updates.summed_rows(ids, b_rows.grad))]
+            dense = [p.grad for p in state.params if p.grad is not None]
+            norm = row_updates.clip_(dense, [r.summed for _, r in rows], tc.clip_norm)
+            state.optimizer.step()
+            for param, r in rows:
+                row_updates.adagrad_rows_(state.optimizer, param, r)
+        else:
+            grad_norm = clip_grad_norm(state.params, tc.clip_norm)
+            _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
+            state.optimizer.step()
+        if state.averaged is not None:  # horizon: the last `average` of the run's steps (as the schedule sees them)
+            state.averaged.multi_avg_fn.horizon = tc.average * (run.step + 1) / fraction if fraction > 0 else 1.0
+            state.averaged.update_parameters(state.model)
+        if queued:  # the step's one wait: its losses and norm (a non-finite one stops the run, as on a CPU)
+            self._prefetch()
+            f_val, b_val, grad_norm = torch.stack([f_loss.float(), b_loss.float(), norm.float()]).tolist()
+            _check_finite("training loss", (f_val + b_val) / 2, run.step, self.last_checkpoint)
+            _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
+        else:
+            f_val, b_val = f_loss, b_loss
+        state.states = _detach(new_states)
         tokens = batch.n_tokens * self.ddp.world_size
         run.step += 1
         run.tokens += tokens
@@ -876,6 +950,7 @@ def step_fits(state: "_TrainState", config: RunConfig, device: torch.device, aut
     finally:
         for p in state.params:
             p.grad = None
+        state.model.softmax.gathered = None  # the rows a queued step gathers (SharedSoftmax.row_grads)
         if device.type == "cuda":
             torch.cuda.set_rng_state(rng, device)
             torch.cuda.empty_cache()

@@ -298,17 +298,49 @@ def test_fused_cells_compute_the_eager_cells_and_autograds_gradients():
 
 
 def test_the_fast_step_gives_the_eager_steps_losses(shards, tmp_path, monkeypatch):
-    """The default GPU step (the hand-written LSTM loop, its cells compiled, CUDA graphs) against the plain eager
-    step (autograd over the loop, no graphs, no compiled cells) on one seed: the same losses over 20 steps in fp32,
-    within 1e-5."""
+    """The default GPU step (the hand-written LSTM loop, its cells compiled, CUDA graphs, the step queued: the
+    softmax updated from its gathered rows, one read at its end) against the plain eager step (autograd over the
+    loop, no graphs, no compiled cells, torch's sparse Adagrad, results read as they come) on one seed: the same
+    losses over 20 steps in fp32, within 1e-5."""
     from elmo_cli.model.lstm import ProjectedLSTMLayer
+    from elmo_cli.train import _TrainState
 
     _, train_dir, _ = shards
     fast, f = _losses(tiny_config(max_steps=20, device="cuda", dropout=0.0), train_dir, tmp_path / "fast")
     assert any("captured graphs" in n for n in fast.notes) and not any("fused LSTM" in n for n in fast.notes)
     plain = ProjectedLSTMLayer.by_hand
     monkeypatch.setattr(ProjectedLSTMLayer, "by_hand", lambda self, x, mask: plain(self, x, mask) and not x.is_cuda)
+    queue = _TrainState.queue_step
+    monkeypatch.setattr(_TrainState, "queue_step", lambda self, on: queue(self, False))
     eager, e = _losses(tiny_config(max_steps=20, device="cuda", dropout=0.0, cuda_graphs=False, fuse_lstm=False),
                        train_dir, tmp_path / "eager")
     assert list(f) == list(e) == list(range(1, 21))
     assert max(abs(f[k] - e[k]) for k in f) <= 1e-5
+
+
+def test_a_queued_step_waits_for_the_gpu_once(shards):
+    """After its warm-up (the graphs captured, the cells compiled), a default GPU step makes the host wait for the
+    GPU at one place, its final read of the losses and norm (`_Trainer.step`): torch's sync debug mode reports
+    every synchronizing call with the line that made it."""
+    import warnings
+    from collections import Counter
+
+    from elmo_cli.train import _Trainer
+    from vocab.shards import ShardDataset
+
+    _, train_dir, _ = shards
+    trainer = _Trainer.bare(tiny_config(device="cuda", dropout=0.1), ShardDataset(train_dir))
+    assert trainer.state.queued and trainer.state.model.softmax.row_grads
+    for _ in range(4):
+        trainer.step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(3):
+                trainer.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    assert sum(sites.values()) == 3 and len(sites) == 1 and next(iter(sites)).startswith("train.py:"), sites

@@ -1,6 +1,8 @@
 """The whole biLM forward against bilm-tf's, written down in docs/design.md, written here independently in float64 from bilm-tf's arrays."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -101,6 +103,26 @@ def test_lm_hidden_tops_equal_embed_and_distinct_encoder_equals_plain():
     torch.testing.assert_close(f_top, layers[-1, :, :, :P])
     torch.testing.assert_close(b_top.flip(1), layers[-1, :, :, P:])
     torch.testing.assert_close(model.encoder.forward_distinct(c), model.encoder(c[0])[None])
+
+
+@pytest.mark.parametrize("words", [0, 5])
+def test_distinct_tokens_found_before_the_step_encode_as_found_in_it(words):
+    """`DistinctTokens.of` (the trainer's, on the host) gives `forward_distinct` the same values, and the trimmed
+    width the encoder finds itself; with a word id after the characters (an ELMoForManyLangs model) the trim reads
+    the characters only."""
+    from elmo_cli.model.encoder import DistinctTokens, trimmed_positions
+
+    cnn = dataclasses.replace(CONFIG.char_cnn, n_words=9 if words else 0, word_dim=words)
+    model = BiLM(dataclasses.replace(CONFIG, char_cnn=cnn))
+    chars = to_model_chars(ByteChars(max_chars=12).encode_tokens(["<S>", "a", "bb", "a", "cccc", "</S>"]))
+    if words:  # word ids far above any character id, which a trim over all columns would count
+        chars = torch.cat([chars, torch.tensor([[1], [8], [2], [8], [3], [4]])], dim=1)
+    c = torch.stack([chars, chars.flip(0)])  # (2, 6, W)
+    tokens = DistinctTokens.of(c, cnn.max_characters_per_token)
+    assert tokens.rows.shape[0] == 5 and torch.equal(tokens.rows[tokens.inverse], c.reshape(-1, c.shape[-1]))
+    assert tokens.n_pos == min(int(trimmed_positions(c.reshape(-1, c.shape[-1])[:, :12])) + 1, 12) < 12
+    torch.testing.assert_close(model.encoder.forward_distinct(c, tokens=tokens), model.encoder.forward_distinct(c),
+                               atol=0, rtol=0)
 
 
 def test_dropout_only_in_training():

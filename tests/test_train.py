@@ -493,3 +493,84 @@ def test_adagrad_with_a_sparse_group_updates_as_one_group_and_resumes_across_lay
     for p, q, r in zip(a, c, d):
         torch.testing.assert_close(p, q, atol=0, rtol=0)
         torch.testing.assert_close(p, r, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("clip", [10.0, 0.05])
+def test_queued_step_equals_the_step_that_reads_as_it_goes(shards, clip):
+    """A GPU's step (`_TrainState.queue_step`: the softmax updated from its gathered rows, the clip's scale on the
+    device, one read at the end), run here on the CPU, gives the CPU step's losses, norms and weights over 8 steps,
+    with the clip idle and with it scaling every step."""
+    from elmo_cli.train import _Trainer
+
+    config = tiny_config(clip_norm=clip)
+    dataset = ShardDataset(shards[1])
+
+    def run(queue: bool):
+        trainer = _Trainer.bare(config, dataset)  # seeds the global RNG (dropout) as a run does
+        trainer.state.queue_step(queue)
+        assert trainer.state.model.softmax.row_grads == queue
+        return trainer, [trainer.step() for _ in range(8)]
+
+    (plain, by_plain), (queued, by_queued) = run(False), run(True)
+    for step, (a, b) in enumerate(zip(by_plain, by_queued)):
+        assert a[3] == b[3] and a[4] == b[4]
+        for x, y in zip(a[:3], b[:3]):
+            assert math.isfinite(x) and abs(x - y) <= 1e-5 * max(1.0, abs(x)), (step, a, b)
+        if clip < 1:
+            assert a[2] > clip  # the clip scaled this step
+    for (name, p), q in zip(plain.state.model.named_parameters(), queued.state.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5, msg=name)
+    ps, qs = plain.state.optimizer.state, queued.state.optimizer.state
+    for p, q in zip(plain.state.model.parameters(), queued.state.model.parameters()):
+        torch.testing.assert_close(ps[p]["sum"], qs[q]["sum"], atol=1e-5, rtol=1e-5)
+        assert float(ps[p]["step"]) == float(qs[q]["step"]) == 8
+
+
+def test_adagrad_rows_is_torchs_sparse_adagrad():
+    """`row_updates.adagrad_rows_` from gathered rows (repeats included, in any order) equals torch's Adagrad from
+    the same sparse gradient, in float64, over three steps; the summed rows' norm is the coalesced gradient's."""
+    from elmo_cli import row_updates
+
+    torch.manual_seed(0)
+    tc = tiny_config().training
+    a = torch.nn.Parameter(torch.randn(12, 5, dtype=torch.float64))
+    b = torch.nn.Parameter(a.detach().clone())
+    by_torch, by_rows = make_optimizer([a], tc), make_optimizer([b], tc)
+    for _ in range(3):
+        ids = torch.tensor([7, 2, 7, 11, 0, 2, 7, 5])
+        grads = torch.randn(len(ids), 5, dtype=torch.float64)
+        a.grad = torch.sparse_coo_tensor(ids[None], grads, a.shape)
+        by_torch.step()
+        rows = row_updates.summed_rows(ids, grads)
+        dense = torch.zeros(12, 5, dtype=torch.float64).index_add_(0, ids, grads)
+        assert torch.allclose(rows.summed.norm(), dense.norm(), atol=1e-12)
+        row_updates.adagrad_rows_(by_rows, b, rows)
+    torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(by_torch.state[a]["sum"], by_rows.state[b]["sum"], atol=1e-12, rtol=1e-12)
+    untouched = torch.tensor([1, 3, 4, 6, 8, 9, 10])
+    assert torch.equal(by_rows.state[b]["sum"][untouched], torch.full((7, 5), tc.initial_accumulator,
+                                                                      dtype=torch.float64))
+
+
+def test_queued_step_resumes_exactly_with_its_next_inputs_made_ahead(shards, tmp_path, monkeypatch):
+    """A queued step makes the next step's inputs before reading its results (`_Trainer._prefetch`), moving the
+    data position and the sampler past them; its checkpoints save the position before them, so 10 steps then 10
+    resumed equal 20 straight (weights and the data position), as the step that reads as it goes does."""
+    from elmo_cli.train import _TrainState
+
+    plain = _TrainState.queue_step
+    monkeypatch.setattr(_TrainState, "queue_step", lambda self, on: plain(self, True))
+    _, train_dir, _ = shards
+    straight = train(tiny_config(max_steps=20, checkpoint_every=7), train_dir, tmp_path / "a")
+    train(tiny_config(max_steps=10, checkpoint_every=7), train_dir, tmp_path / "b")
+    r = train(tiny_config(max_steps=20, checkpoint_every=7), train_dir, tmp_path / "b", resume=True)
+    assert (straight.step, r.resumed_from, r.step) == (20, 10, 20)
+    _assert_same_params(_params(tmp_path / "a"), _params(tmp_path / "b"))
+    a, b = load_checkpoint(latest_checkpoint(tmp_path / "a")), load_checkpoint(latest_checkpoint(tmp_path / "b"))
+    assert torch.equal(a["ranks"][0]["data"], b["ranks"][0]["data"])
+    assert torch.equal(a["ranks"][0]["sampler_rng"], b["ranks"][0]["sampler_rng"])
+    monkeypatch.undo()
+    unqueued = load_checkpoint(latest_checkpoint(tmp_path / "a"))
+    train(tiny_config(max_steps=20, checkpoint_every=7), train_dir, tmp_path / "c")
+    c = load_checkpoint(latest_checkpoint(tmp_path / "c"))
+    assert torch.equal(unqueued["ranks"][0]["data"], c["ranks"][0]["data"])  # the same position either way

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmo_cli.config import ModelConfig
-from elmo_cli.model.encoder import TokenEncoder
+from elmo_cli.model.encoder import DistinctTokens, TokenEncoder
 from elmo_cli.model.lstm import BiLSTMKernel, Dropout, LSTMStack, State, reverse_padded
 from elmo_cli.model.softmax import SharedSoftmax
 
@@ -184,7 +184,7 @@ class BiLM(nn.Module):
     # ---- language modelling -------------------------------------------------------------------------------------
     def lm_hidden(self, fwd_chars: torch.Tensor, bwd_chars: torch.Tensor,
                   states: tuple[list[State] | None, list[State] | None] = (None, None),
-                  starts: torch.Tensor | None = None, stacks=None,
+                  starts: torch.Tensor | None = None, stacks=None, tokens: DistinctTokens | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[State], list[State]]]:
         """Top-layer outputs of both directions over two streams (the backward stream already reversed).
 
@@ -195,12 +195,14 @@ class BiLM(nn.Module):
             states are zeroed there, so every sentence is modelled from zero state as it is embedded and scored.
         stacks : what runs `lm_stacks` (its arguments and results), None for `lm_stacks` itself: the training
             step passes its CUDA-graph replay of it (`elmo_cli.graphed`).
+        tokens : the distinct tokens of ``cat([fwd_chars, bwd_chars])``, found before the step
+            (`DistinctTokens.of`, moved to the device), or None to find them here.
 
         # Returns
         forward top `(B, T, P)`, backward top `(B, T, P)` (output dropout applied in training), new states.
         """
         B = fwd_chars.shape[0]
-        both = self.encoder.forward_distinct(torch.cat([fwd_chars, bwd_chars], dim=0))  # (2B, T, P)
+        both = self.encoder.forward_distinct(torch.cat([fwd_chars, bwd_chars], dim=0), tokens=tokens)  # (2B, T, P)
         return (stacks or self.lm_stacks)(both[:B], both[B:], states, starts)
 
     def lm_stacks(self, fwd_x: torch.Tensor, bwd_x: torch.Tensor,

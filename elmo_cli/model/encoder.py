@@ -1,6 +1,8 @@
 """Token encoder (bilm-tf's): characters -> CNN -> max-pool -> activation -> highway -> projection."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,6 +55,44 @@ def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not torch.equal(distinct[inverse], rows):  # two rows shared a key
         return torch.unique(rows, dim=0, return_inverse=True)
     return distinct, inverse
+
+
+def trimmed_positions(chars: torch.Tensor) -> torch.Tensor:
+    """How many character positions of `chars` `(N, W)` differ from some token's trailing padding: ``W`` minus the
+    longest suffix of columns in which every token equals its own last column, as a 0-d tensor (see
+    `TokenEncoder.forward`, which computes up to one more position than this)."""
+    W = chars.shape[1]
+    varying = ((chars != chars[:, -1:]).sum(dim=0) > 0).long()  # (W,) 1 where a token differs from its end
+    return (varying * torch.arange(1, W + 1, device=chars.device)).amax(dim=0)
+
+
+@dataclass
+class DistinctTokens:
+    """A batch's distinct token rows, found before its step (on the host, where the batch is made): a GPU step
+    then has nothing to wait for before the encoder (`distinct_rows` and the trimmed width each read a result).
+
+    rows : `(U, W)` the distinct rows; inverse : `(N,)` int64, ``rows[inverse]`` is the batch's tokens in order;
+    n_pos : the positions the encoder computes (`TokenEncoder.forward`'s trim).
+    """
+
+    rows: torch.Tensor
+    inverse: torch.Tensor
+    n_pos: int
+
+    @classmethod
+    def of(cls, chars: torch.Tensor, char_columns: int) -> "DistinctTokens":
+        """The distinct tokens of `chars` `(..., W)` (prediction-form ids), whose first `char_columns` columns are
+        characters (the encoder's ``max_characters_per_token``; a word id may follow)."""
+        flat = chars.reshape(-1, chars.shape[-1])
+        rows, inverse = distinct_rows(flat)
+        return cls(rows, inverse, min(int(trimmed_positions(rows[:, :char_columns])) + 1, char_columns))
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "DistinctTokens":
+        return DistinctTokens(self.rows.to(device, non_blocking=non_blocking),
+                              self.inverse.to(device, non_blocking=non_blocking), self.n_pos)
+
+    def pin_memory(self) -> "DistinctTokens":
+        return DistinctTokens(self.rows.pin_memory(), self.inverse.pin_memory(), self.n_pos)
 
 
 class Highway(nn.Module):
@@ -119,7 +159,7 @@ class TokenEncoder(nn.Module):
             cols.append(padded.permute(1, 0, 2).reshape(E * self.kmax, kern.shape[2]))
         return torch.cat(cols, dim=1)
 
-    def forward(self, chars: torch.Tensor, trim: bool = True) -> torch.Tensor:
+    def forward(self, chars: torch.Tensor, trim: bool = True, n_pos: int | None = None) -> torch.Tensor:
         """
         # Parameters
         chars : `torch.LongTensor`, shape `(N, W)` (`(N, W + 1)` with a word embedding: the word id last),
@@ -127,6 +167,7 @@ class TokenEncoder(nn.Module):
         trim : `bool`, optional, (default = `True`): skip the windows that read only trailing padding (see below;
             the same values); under `torch.export` the number of windows is a graph-level size (dynamic in the
             exported graph). False computes all W positions.
+        n_pos : `int`, optional: the trimmed positions, already known (`DistinctTokens.n_pos`); not computed again.
 
         # Returns
         `torch.Tensor`, shape `(N, P)`: one embedding per token.
@@ -138,10 +179,14 @@ class TokenEncoder(nn.Module):
         # Positions from `n_pos - 1` on read only each token's trailing padding (every token's columns there equal
         # its last column), so all those windows give the same value: computing up to the first of them gives
         # the same max. For English text this cuts the 50 positions to ~15-20.
-        n_pos = W
+        if n_pos is None:
+            n_pos = W
+        elif not trim:
+            raise ValueError("n_pos is the trimmed width: pass it with trim=True")
+        else:
+            trim = False
         if trim:
-            varying = ((chars != chars[:, -1:]).sum(dim=0) > 0).long()  # (W,) 1 where a token differs from its end
-            last = (varying * torch.arange(1, W + 1, device=chars.device)).amax(dim=0)  # W - the constant suffix
+            last = trimmed_positions(chars)  # W - the constant suffix
             if exporting():  # a graph-level size: torch.export and ONNX keep it dynamic
                 n_pos = (last + 1).clamp(max=W).item()
                 torch._check(n_pos >= 1)
@@ -166,24 +211,28 @@ class TokenEncoder(nn.Module):
             h = torch.cat([self.word_embedding(words), h], dim=1)  # (N, D + F)
         return self.projection(h)  # (N, P)
 
-    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None, trim: bool = True
-                         ) -> torch.Tensor:
+    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None, trim: bool = True,
+                         tokens: DistinctTokens | None = None) -> torch.Tensor:
         """Encode every distinct token once and scatter back.
 
         # Parameters
         chars : shape `(..., W)` (`(..., W + 1)` with a word embedding), prediction-form ids. chunk_size bounds
         memory under no_grad (distinct tokens per encoder call). trim : see `forward`; False (and no chunk_size) has no data-dependent Python, for export.
+        tokens : the distinct tokens of `chars`, already found (`DistinctTokens.of(chars)`, on the device).
 
         # Returns
         shape `(..., P)`.
         """
         lead, W = chars.shape[:-1], chars.shape[-1]
-        flat = chars.reshape(-1, W)  # (N, W)
-        distinct, inverse = distinct_rows(flat)  # (U, W), (N,)
-        if chunk_size and distinct.shape[0] > chunk_size and not torch.is_grad_enabled():
-            emb = torch.cat([self(part, trim) for part in distinct.split(chunk_size)])
+        n_pos = None
+        if tokens is not None:
+            distinct, inverse, n_pos = tokens.rows, tokens.inverse, tokens.n_pos if trim else None
         else:
-            emb = self(distinct, trim)  # (U, P)
+            distinct, inverse = distinct_rows(chars.reshape(-1, W))  # (U, W), (N,)
+        if chunk_size and distinct.shape[0] > chunk_size and not torch.is_grad_enabled():
+            emb = torch.cat([self(part, trim, n_pos) for part in distinct.split(chunk_size)])
+        else:
+            emb = self(distinct, trim, n_pos)  # (U, P)
         # F.embedding, not emb[inverse]: indexing's backward is index_put_(accumulate=True), whose CPU kernel adds
         # repeated rows with unordered atomic float adds when threads > 1 (training then is not bit-reproducible);
         # embedding's backward sums each row in a fixed order.

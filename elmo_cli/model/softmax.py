@@ -56,6 +56,11 @@ class SharedSoftmax(nn.Module):
 
     ``weight (V, P)``, ``bias (V,)``; stored in ``softmax.hdf5`` as ``W`` and ``b``. With ``sparse=True`` the
     sampled loss gathers its rows with sparse gradients, so an optimizer touches only the rows a batch used.
+
+    With ``row_grads`` set (a GPU's training step, `elmo_cli.row_updates`), the sampled loss instead gathers its
+    rows as leaves of their own: after the backward pass ``gathered`` holds ``(ids (M,), weight rows (M, P),
+    bias rows (M,))`` whose ``.grad`` are the rows' gradients, dense and of a fixed size (a sparse gradient's
+    size is known only after the GPU has summed it, so the host would wait), and `weight` and `bias` get none.
     """
 
     def __init__(self, vocab_size: int, dim: int, sparse: bool = False):
@@ -63,12 +68,18 @@ class SharedSoftmax(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_size, dim).normal_(0.0, 1.0 / math.sqrt(dim)))
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         self.sparse = sparse
+        self.row_grads = False
+        self.gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def vocab_size(self) -> int:
         return self.weight.shape[0]
 
     def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.row_grads and torch.is_grad_enabled():
+            w, b = self.weight.detach()[ids].requires_grad_(), self.bias.detach()[ids].requires_grad_()
+            self.gathered = (ids, w, b)
+            return w, b
         w = F.embedding(ids, self.weight, sparse=self.sparse)
         # gather, not embedding of bias.unsqueeze(1): the view's backward cannot take a sparse gradient.
         b = torch.gather(self.bias, 0, ids, sparse_grad=self.sparse)
