@@ -18,15 +18,19 @@
    measures (`train.measure_throughput`, 3 s after two warm-up steps), with MFU: tokens/s x the nominal training
    FLOPs per token (`bench_train.flops_per_token`) over the GPU's dense peak (`PEAKS`: bf16 tensor cores for bf16;
    plain fp32, since torch leaves TF32 off, for fp32).
-6. The dump at scale: `original` with `--layers average --dtype float16` on examples/austen_heldout.txt eight times
+6. Profile: where a default step's time goes (`step_profile`: wall and GPU-busy ms, kernels, the host's waits
+   and the lines that make them), beside the step that reads its results as it goes.
+7. DDP on one GPU (`ddp_rates`): one process wrapped in DistributedDataParallel (NCCL, a world of one) beside the
+   same step unwrapped; what several GPUs cost cannot be measured on one.
+8. The dump at scale: `original` with `--layers average --dtype float16` on examples/austen_heldout.txt eight times
    over (168,512 tokens) at 64 and 512 rows a batch, beside the same sentences through `Embedder` without HDF5
    (what the writer and the host cost), and a host profile of the 512-row dump (cProfile: the functions with the
    most own time).
 
 Prints "no CUDA device" and returns where torch sees none (`make bench` on a CPU machine). Where there is one, the
 figures go to benchmarks/results/gpu-DATE.json with the GPU's name, driver, CUDA version, the torch build and the
-host's load. `--parts` runs some of them; they run in the order steps, dump-scale, dump, reference, auto, train
-(the GPU targets of docs/gpu.md first). `--budget SECONDS` leaves out the parts and rows not started by then, so
+host's load. `--parts` runs some of them, in the order given; by default all, in the order steps, profile, ddp,
+dump-scale, dump, reference, auto, train (the GPU targets of docs/gpu.md first). `--budget SECONDS` leaves out the parts and rows not started by then, so
 that a run on a GPU machine held for a fixed time ends, and saves what it measured, within it
 (benchmarks/gpu_check.sh).
 
@@ -437,10 +441,10 @@ def main() -> None:
     STEP_CHOICE.update(steps=tuple(args.steps), only=only, presets=tuple(args.presets), rows=tuple(args.rows))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"host CPU threads {torch.get_num_threads()}", flush=True)
-    parts = [p for p in PARTS if p in args.parts]  # in PARTS' order
+    parts = list(dict.fromkeys(args.parts))  # in the order given (PARTS' by default)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp, \
             Recording("gpu", "python -m benchmarks.bench_gpu" + (f" --parts {' '.join(args.parts)}"
-                                                                 if set(parts) != set(PARTS) else "")
+                                                                 if parts != list(PARTS) else "")
                       + "".join(f" --{name} {' '.join(map(str, getattr(args, name)))}" for name in
                                 ("steps", "compare", "presets", "rows") if getattr(args, name) != parser.get_default(name))
                       + (f" --budget {args.budget:g}" if math.isfinite(args.budget) else "")
