@@ -270,6 +270,9 @@ def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", ba
         for _ in range(4):
             trainer.step()
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):  # the profiler's own start-up
+            torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t = time.perf_counter()
             for _ in range(steps):
@@ -295,6 +298,7 @@ def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", ba
         acc[0] += e.time_range.end - e.time_range.start
         acc[1] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
+    host_ops = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:12]
     del trainer
     gc.collect()
     torch.cuda.empty_cache()
@@ -304,6 +308,8 @@ def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", ba
             "host_waits_per_step": round(len(waits) / steps, 1),
             "host_wait_ms_per_step": round(wait_us / 1e3 / steps, 2),
             "host_copy_call_ms_per_step": round(copy_us / 1e3 / steps, 2), "queued": queued,
+            "top_host_ops_self_ms_per_step": [[a.key[:60], round(a.self_cpu_time_total / 1e3 / steps, 3),
+                                               a.count // steps] for a in host_ops],
             "top_kernels_ms_per_step": [[n, round(t / 1e3 / steps, 3), c // steps] for n, (t, c) in top]}
 
 
@@ -487,6 +493,8 @@ def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, dea
                   f"{prof['host_waits_per_step']} times ({prof['host_wait_ms_per_step']} ms), copy calls "
                   f"{prof['host_copy_call_ms_per_step']} ms", flush=True)
             print(f"  waits by site, per step: {prof['sync_sites_per_step']}", flush=True)
+            print("  host, own ms a step: " + " | ".join(f"{n} {ms:.2f} ({c})" for n, ms, c in
+                                                      prof["top_host_ops_self_ms_per_step"][:8]), flush=True)
             for name, ms, calls in prof["top_kernels_ms_per_step"][:8 if queued else 4]:
                 print(f"  {ms:8.3f} ms {calls:6,}  {name}", flush=True)
     elif part == "ddp":
