@@ -31,25 +31,35 @@ IGNORE = -1  # target id of padding positions (finite streams only)
 
 @dataclass
 class LMBatch:
-    """One step of both directions. Char ids in prediction form (raw + 1; 0 = no token)."""
+    """One step of both directions. Char ids in prediction form (raw + 1; 0 = no token).
 
-    fwd_chars: torch.Tensor  # (B, T, W) int64
+    The two directions' chars are views of one block, ``chars`` `(2, B, T, W)`: the step's encoder reads them as
+    one `(2B, T, W)` batch and a GPU copy is one transfer."""
+
+    chars: torch.Tensor  # (2, B, T, W) int64: [0] the forward stream, [1] the backward one (sentences reversed)
     fwd_targets: torch.Tensor  # (B, T) int64, IGNORE where padded
-    bwd_chars: torch.Tensor  # (B, T, W) int64, the backward stream (sentences reversed)
     bwd_targets: torch.Tensor  # (B, T) int64
     n_tokens: int  # target positions that are not padding (per direction)
     starts: torch.Tensor  # (B, T) bool, True at each sentence's first pair (<S> forward, </S> backward)
 
+    @property
+    def fwd_chars(self) -> torch.Tensor:  # (B, T, W)
+        return self.chars[0]
+
+    @property
+    def bwd_chars(self) -> torch.Tensor:  # (B, T, W)
+        return self.chars[1]
+
     def pin_memory(self) -> "LMBatch":
         """The batch in page-locked host memory, so that a GPU copy of it is queued without waiting (a copy from
         ordinary memory waits for the GPU to finish everything queued before it)."""
-        return LMBatch(self.fwd_chars.pin_memory(), self.fwd_targets.pin_memory(), self.bwd_chars.pin_memory(),
-                       self.bwd_targets.pin_memory(), self.n_tokens, self.starts.pin_memory())
+        return LMBatch(self.chars.pin_memory(), self.fwd_targets.pin_memory(), self.bwd_targets.pin_memory(),
+                       self.n_tokens, self.starts.pin_memory())
 
     def to(self, device: torch.device) -> "LMBatch":
-        return LMBatch(self.fwd_chars.to(device, non_blocking=True), self.fwd_targets.to(device, non_blocking=True),
-                       self.bwd_chars.to(device, non_blocking=True), self.bwd_targets.to(device, non_blocking=True),
-                       self.n_tokens, self.starts.to(device, non_blocking=True))
+        return LMBatch(self.chars.to(device, non_blocking=True), self.fwd_targets.to(device, non_blocking=True),
+                       self.bwd_targets.to(device, non_blocking=True), self.n_tokens,
+                       self.starts.to(device, non_blocking=True))
 
 
 class SentenceStreams:
@@ -145,8 +155,8 @@ class SentenceStreams:
     def next_batch(self, T: int) -> LMBatch:
         """The next T (input, target) pairs of every row, both directions."""
         B, W = len(self.rows), self.width
-        fwd_chars = np.zeros((B, T, W), dtype=np.int64)
-        bwd_chars = np.zeros((B, T, W), dtype=np.int64)
+        chars = np.zeros((2, B, T, W), dtype=np.int64)
+        fwd_chars, bwd_chars = chars[0], chars[1]
         fwd_tgt = np.full((B, T), IGNORE, dtype=np.int64)
         bwd_tgt = np.full((B, T), IGNORE, dtype=np.int64)
         starts = np.zeros((B, T), dtype=bool)
@@ -173,8 +183,8 @@ class SentenceStreams:
                     self._advance_sentence(k)
                 else:
                     self._pos[k, 2] = off + m
-        return LMBatch(torch.from_numpy(fwd_chars), torch.from_numpy(fwd_tgt), torch.from_numpy(bwd_chars),
-                       torch.from_numpy(bwd_tgt), n_tokens, torch.from_numpy(starts))
+        return LMBatch(torch.from_numpy(chars), torch.from_numpy(fwd_tgt), torch.from_numpy(bwd_tgt), n_tokens,
+                       torch.from_numpy(starts))
 
 
 def steps_per_epoch(total_tokens: int, batch_size: int, unroll_steps: int, world_size: int = 1) -> int:

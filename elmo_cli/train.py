@@ -801,8 +801,7 @@ class _Trainer:
             return inputs
         tc, state = self.tc, self.state
         batch = state.streams.next_batch(tc.unroll_steps)
-        tokens = DistinctTokens.of(torch.cat([batch.fwd_chars, batch.bwd_chars]),
-                                   state.model.config.char_cnn.max_characters_per_token)
+        tokens = DistinctTokens.of(batch.chars, state.model.config.char_cnn.max_characters_per_token)
         negatives, tries = [], []
         for _ in range(2):
             ids, n_tries = log_uniform_sample(tc.n_negative_samples, state.V, state.sampler)

@@ -300,7 +300,7 @@ def test_torchrun_two_processes_gloo(shards, tmp_path):
     grads = []
     for rank in range(2):
         rows = slice(rank * B, (rank + 1) * B)
-        batch = dataclasses.replace(both, fwd_chars=both.fwd_chars[rows], bwd_chars=both.bwd_chars[rows],
+        batch = dataclasses.replace(both, chars=both.chars[:, rows],
                                     fwd_targets=both.fwd_targets[rows], bwd_targets=both.bwd_targets[rows],
                                     starts=both.starts[rows])
         grads.append(_one_rank_gradient(model, batch, tc.seed * 1_000_003 + rank + 1, tc))

@@ -202,7 +202,10 @@ class BiLM(nn.Module):
         forward top `(B, T, P)`, backward top `(B, T, P)` (output dropout applied in training), new states.
         """
         B = fwd_chars.shape[0]
-        both = self.encoder.forward_distinct(torch.cat([fwd_chars, bwd_chars], dim=0), tokens=tokens)  # (2B, T, P)
+        if tokens is None:
+            both = self.encoder.forward_distinct(torch.cat([fwd_chars, bwd_chars], dim=0))  # (2B, T, P)
+        else:
+            both = self.encoder.embed_tokens(tokens).reshape(2 * B, fwd_chars.shape[1], -1)  # (2B, T, P)
         return (stacks or self.lm_stacks)(both[:B], both[B:], states, starts)
 
     def lm_stacks(self, fwd_x: torch.Tensor, bwd_x: torch.Tensor,

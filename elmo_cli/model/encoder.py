@@ -211,28 +211,32 @@ class TokenEncoder(nn.Module):
             h = torch.cat([self.word_embedding(words), h], dim=1)  # (N, D + F)
         return self.projection(h)  # (N, P)
 
-    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None, trim: bool = True,
-                         tokens: DistinctTokens | None = None) -> torch.Tensor:
+    def embed_tokens(self, tokens: DistinctTokens) -> torch.Tensor:
+        """`forward_distinct` of a batch whose distinct tokens were found before (`DistinctTokens.of`, moved to
+        the encoder's device): the same values, nothing read back from the device.
+
+        # Returns
+        shape `(N, P)`, the batch's tokens in order.
+        """
+        return F.embedding(tokens.inverse, self(tokens.rows, n_pos=tokens.n_pos))
+
+    def forward_distinct(self, chars: torch.Tensor, chunk_size: int | None = None, trim: bool = True
+                         ) -> torch.Tensor:
         """Encode every distinct token once and scatter back.
 
         # Parameters
         chars : shape `(..., W)` (`(..., W + 1)` with a word embedding), prediction-form ids. chunk_size bounds
         memory under no_grad (distinct tokens per encoder call). trim : see `forward`; False (and no chunk_size) has no data-dependent Python, for export.
-        tokens : the distinct tokens of `chars`, already found (`DistinctTokens.of(chars)`, on the device).
 
         # Returns
         shape `(..., P)`.
         """
         lead, W = chars.shape[:-1], chars.shape[-1]
-        n_pos = None
-        if tokens is not None:
-            distinct, inverse, n_pos = tokens.rows, tokens.inverse, tokens.n_pos if trim else None
-        else:
-            distinct, inverse = distinct_rows(chars.reshape(-1, W))  # (U, W), (N,)
+        distinct, inverse = distinct_rows(chars.reshape(-1, W))  # (U, W), (N,)
         if chunk_size and distinct.shape[0] > chunk_size and not torch.is_grad_enabled():
-            emb = torch.cat([self(part, trim, n_pos) for part in distinct.split(chunk_size)])
+            emb = torch.cat([self(part, trim) for part in distinct.split(chunk_size)])
         else:
-            emb = self(distinct, trim, n_pos)  # (U, P)
+            emb = self(distinct, trim)  # (U, P)
         # F.embedding, not emb[inverse]: indexing's backward is index_put_(accumulate=True), whose CPU kernel adds
         # repeated rows with unordered atomic float adds when threads > 1 (training then is not bit-reproducible);
         # embedding's backward sums each row in a fixed order.
