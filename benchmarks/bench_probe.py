@@ -5,7 +5,7 @@ two warm-up steps, then training steps for SECONDS), on 2 threads, with 1,024 sa
 cost in quality at equal time is not measured here: an hour per cell).
 
     python -m benchmarks.bench_probe [--corpus austen] [--seconds 20] [--repeats 3] [--threads 2] [--rows 32 64 128]
-    python -m benchmarks.bench_probe --trace 24 [--corpus sotu] [--label NAME]
+    python -m benchmarks.bench_probe --trace 24 [--compiled] [--corpus sotu] [--label NAME]
     python -m benchmarks.bench_probe --validation [--corpus sotu] [--rows 32] [--label NAME]
 
 ``--validation`` also times, REPEATS times per shape, one validation of the corpus's held-out shards as `train`
@@ -15,7 +15,8 @@ over the shape's fp32 training rate: what `auto`'s rule 9 counts a validation's 
 
 ``--trace SECONDS`` measures instead how a probe's rate settles: each shape and dtype at 32 rows trains SECONDS
 once, as the probe does, and the record keeps the tokens/s of each 2-second interval, the rate a probe of
-`auto.PROBE_SECONDS`'s longest (6 s) would report, and the rate of the steps after it (what the run goes on at).
+`auto.PROBE_SECONDS`'s longest (6 s) would report, and the rate of the steps after it (what the run goes on at). ``--compiled`` traces the compiled step too where
+rule 8 probes it (a bf16 step: `auto.COMPILE_DTYPES`), after the eager one.
 
 Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
 ratio per shape
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--trace", type=float, default=0.0, help="seconds of one traced probe per shape and dtype")
     parser.add_argument("--validation", action="store_true", help="time a validation of the held-out shards too")
+    parser.add_argument("--compiled", action="store_true",
+                        help="with --trace: also trace the compiled step where rule 8 probes it (a bf16 step)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     info, data, base, negatives = probe_corpus(args)
@@ -112,23 +115,26 @@ def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None
         rec.figures = {"corpus": args.corpus, "trace_seconds": args.trace, "negatives": negatives, "rows": 32,
                        "torch_threads": args.threads}
         probe_s = auto.PROBE_SECONDS[1]
-        for shape in auto.LADDER:
-            for dtype in dtypes:
-                config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu")
-                trace: list[tuple[float, int]] = []
-                measure_throughput(config, data, args.trace, trace=trace)
+        steps = [(shape, dtype, compiled) for shape in auto.LADDER for dtype in dtypes
+                 for compiled in ((False, True) if args.compiled and dtype in auto.COMPILE_DTYPES else (False,))]
+        for shape, dtype, compiled in steps:
+            config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu",
+                                                                                            compile=compiled)
+            trace: list[tuple[float, int]] = []
+            measure_throughput(config, data, args.trace, trace=trace)
 
-                def rate(t0: float, t1: float) -> float | None:
-                    inside = [(t, n) for t, n in [(0.0, 0), *trace] if t0 <= t <= t1]
-                    if len(inside) < 2:
-                        return None
-                    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-                bins = [rate(t, t + 2.0) for t in range(0, int(args.trace), 2)]
-                rec.figures[f"{shape.name} {dtype}"] = {
-                    "tokens_per_s_by_2s": [None if r is None else round(r) for r in bins],
-                    "probe_6s": round(rate(0.0, probe_s) or 0), "after_6s": round(rate(probe_s, args.trace) or 0),
-                    "steps": len(trace)}
-                print(f"{shape.name} {dtype}: {rec.figures[f'{shape.name} {dtype}']}", flush=True)
+            def rate(t0: float, t1: float) -> float | None:
+                inside = [(t, n) for t, n in [(0.0, 0), *trace] if t0 <= t <= t1]
+                if len(inside) < 2:
+                    return None
+                return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+            bins = [rate(t, t + 2.0) for t in range(0, int(args.trace), 2)]
+            key = f"{shape.name} {dtype}" + (" compiled" if compiled else "")
+            rec.figures[key] = {
+                "tokens_per_s_by_2s": [None if r is None else round(r) for r in bins],
+                "probe_6s": round(rate(0.0, probe_s) or 0), "after_6s": round(rate(probe_s, args.trace) or 0),
+                "steps": len(trace)}
+            print(f"{key}: {rec.figures[key]}", flush=True)
 
 
 if __name__ == "__main__":
