@@ -179,13 +179,10 @@ class TokenEncoder(nn.Module):
         # Positions from `n_pos - 1` on read only each token's trailing padding (every token's columns there equal
         # its last column), so all those windows give the same value: computing up to the first of them gives
         # the same max. For English text this cuts the 50 positions to ~15-20.
-        if n_pos is None:
+        known = n_pos is not None
+        if not known:
             n_pos = W
-        elif not trim:
-            raise ValueError("n_pos is the trimmed width: pass it with trim=True")
-        else:
-            trim = False
-        if trim:
+        if trim and not known:
             last = trimmed_positions(chars)  # W - the constant suffix
             if exporting():  # a graph-level size: torch.export and ONNX keep it dynamic
                 n_pos = (last + 1).clamp(max=W).item()
