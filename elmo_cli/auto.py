@@ -49,6 +49,11 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    and where that is `COMPILE_GAIN` times the better eager rate, eagerly a third time, after it; it is compiled
    when it is still `COMPILE_GAIN` times the best of the eager rates (probes early in a process can read low: an
    Intel Xeon held to AVX2 probed 2,567 tokens/s eager, 2,922 compiled, and trained 3,179 eager; docs/auto.md).
+   Where the eager step kept is fp32 on a device with native bf16, the bf16 step is the one probed compiled, when
+   its eager rate is at least `BF16_GAIN / COMPILED_GAIN_MAX` of fp32's, and kept at `BF16_GAIN` over fp32 (and
+   `COMPILE_GAIN` over eager bf16): on 2 Zen 5 cores the `512/128` bf16 step eager read 0.91x fp32 in one probe
+   and 1.34x in another, and compiled 1.51x. A compiled step is timed after `seconds` of untimed steps
+   (`train.measure_throughput`): a process's first compiled step runs slow for its first seconds.
    Its passes are then counted at the compiled rate over the budget left. A larger shape whose eager rate already
    falls under 1.'s share of the smaller one's fastest is not compiled: the compiled step gained less for the
    larger shape wherever both were measured. `--no-compile` keeps every step eager.
@@ -112,6 +117,13 @@ COMPILE_GAIN = 1.1
 # that (0.90-1.07x on 2 Zen 3 cores, 0.95x on an Intel AVX512-BF16 Xeon), while its cold compilation cost 104-116 s
 # of the budget; bf16 autocast keeps autograd's loop, which compiled at 1.25x (1024/256 on a Zen 4)
 COMPILE_DTYPES = ("bf16",)
+# ... and where the eager step kept is fp32 on a CPU that computes bf16 natively, the bf16 step is probed compiled
+# when its eager rate times this (about what a compiled step gained over its eager one at most: 1.56x and 1.67x
+# for 512/128 bf16 on 2 Zen 5 cores, two traces, docs/auto.md) could reach BF16_GAIN over fp32's: from 0.72 of it.
+# On those cores the eager bf16 step of 512/128 has read 0.91x to 1.34x the fp32 one in probes of 6 s (kept or not
+# by the host's noise) and its compiled step 1.51x fp32's in the same traced probes; on an Intel AVX512-BF16 Xeon
+# bf16 ran at 0.6x fp32, and no compilation is probed there (a cold one costs about 2 minutes of the budget)
+COMPILED_GAIN_MAX = 1.6
 # Rule 9: the validations' minutes are the budget's. One validation (full softmax, fp32, eager, both directions) scores
 # its tokens at 1.47x (512/128) and 1.69x (1024/256) the shape's fp32 eager training rate on the addresses' 85,047
 # held-out tokens on 2 Zen 4 cores (`bench_probe --validation`, docs/auto.md); 1.4 counts a validation a little long
@@ -270,12 +282,15 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     began = clock()
     fp32_rates: dict[str, float] = {}  # shape name -> its fp32 eager tokens/s, which a validation's time follows
 
+    eager_rates: dict[tuple[str, str], float] = {}  # (shape name, dtype) -> its best eager tokens/s so far
+
     def rate_of(shape: Shape, dtype: str, rows: int) -> float:
         config = _config(base, shape, dtype, negatives, facts.threads)
         rate = measure(config.with_training(batch_size=rows, device=facts.device), seconds)  # the run's device
         probes.append(Probe(shape.name, dtype, rate, rows))
         if dtype == "fp32" and rate > 0:
             fp32_rates[shape.name] = rate
+        eager_rates[(shape.name, dtype)] = max(rate, eager_rates.get((shape.name, dtype), 0.0))
         return rate
 
     def one_validation(shape: Shape, rate: float) -> float:
@@ -326,11 +341,23 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     compile_here = (facts.compile and facts.budget_seconds >= COMPILE_FROM_SECONDS
                     and not facts.device.startswith("cuda"))
 
-    def at_best(shape: Shape, dtype: str, rate: float, rows: int) -> tuple[float, bool, float, float]:
-        """(tokens/s, compiled, eager tokens/s, seconds the kept compiled probe took) of a shape at its fastest
-        step: rule 8's compiled probe, where it applies, beside its eager step probed again just before it."""
+    def compiled_dtype(shape: Shape, dtype: str, eager: float) -> str | None:
+        """The dtype whose step rule 8 probes compiled beside the eager `dtype` step kept: that dtype where it is
+        in `COMPILE_DTYPES`; else, on a device that computes bf16 natively, bf16 where its eager rate could
+        reach `BF16_GAIN` over `eager` compiled; else None."""
+        if dtype in COMPILE_DTYPES:
+            return dtype
+        for other in COMPILE_DTYPES:
+            if bf16_native and COMPILED_GAIN_MAX * eager_rates.get((shape.name, other), 0.0) >= BF16_GAIN * eager:
+                return other
+        return None
+
+    def at_best(shape: Shape, dtype: str, rate: float, rows: int) -> tuple[str, float, bool, float, float]:
+        """(dtype, tokens/s, compiled, eager tokens/s, seconds the kept compiled probe took) of a shape at its
+        fastest step: rule 8's compiled probe, where it applies, beside its eager step probed again just before
+        it. The eager tokens/s are those of the eager `dtype` step, which a compiled bf16 step can replace."""
         if not compile_here:
-            return rate, False, rate, 0.0
+            return dtype, rate, False, rate, 0.0
         config = _config(base, shape, dtype, negatives, facts.threads).with_training(batch_size=rows,
                                                                                       device=facts.device)
         # The eager step again, just before: a process's first probe can read far under its speed (868 tokens/s
@@ -338,21 +365,31 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         again = measure(config, seconds)
         probes.append(Probe(shape.name, dtype, again, rows))  # what this probe read, not the best so far
         eager = max(rate, again)
-        if dtype not in COMPILE_DTYPES:  # the step's gradient is written by hand: compiling it does not pay
-            return eager, False, eager, 0.0
+        target = compiled_dtype(shape, dtype, eager)
+        if target is None:  # the step's gradient is written by hand: compiling it does not pay
+            return dtype, eager, False, eager, 0.0
+
+        def bar(eager: float) -> float:
+            """What the compiled step must reach: COMPILE_GAIN over the eager step, and where it is bf16 in place
+            of an fp32 step, BF16_GAIN over that and COMPILE_GAIN over its own eager bf16 step."""
+            if target == dtype:
+                return COMPILE_GAIN * eager
+            return max(BF16_GAIN * eager, COMPILE_GAIN * eager_rates.get((shape.name, target), 0.0))
         start = clock()
-        compiled_rate = measure(config.with_training(compile=True), seconds)
+        compiled_config = _config(base, shape, target, negatives, facts.threads).with_training(
+            batch_size=rows, device=facts.device, compile=True)
+        compiled_rate = measure(compiled_config, seconds)
         took = clock() - start
-        probes.append(Probe(shape.name, dtype, compiled_rate, rows, compiled=True))
-        if compiled_rate >= COMPILE_GAIN * eager:
+        probes.append(Probe(shape.name, target, compiled_rate, rows, compiled=True))
+        if compiled_rate >= bar(eager):
             # and after it: both earlier eager probes can read low (2,567 tokens/s twice on an Intel Xeon held to
             # AVX2, whose eager step trained at 3,179 and compiled at 2,916: docs/auto.md)
             after = measure(config, seconds)
             probes.append(Probe(shape.name, dtype, after, rows))
             eager = max(eager, after)
-        if compiled_rate >= COMPILE_GAIN * eager:
-            return compiled_rate, True, eager, took
-        return eager, False, eager, 0.0
+        if compiled_rate >= bar(eager):
+            return target, compiled_rate, True, eager, took
+        return dtype, eager, False, eager, 0.0
 
     def short_of_share(shape: Shape, passes: float, compiled: bool) -> str:
         """The line's clause refusing `shape` at `passes` under `MIN_PASS_SHARE` of the shape taken and short of
@@ -363,8 +400,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
                 f"{chosen[0].name}'s {below:.1f}{capped})")
 
-    # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds) of the shape taken so far
-    chosen: tuple[Shape, str, float, int, bool, float, float] | None = None
+    # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds, eager dtype) of the shape taken
+    chosen: tuple[Shape, str, float, int, bool, float, float, str] | None = None
     # The passes of the shape taken so far at its fastest step, not capped: the share weighs the shapes' speeds.
     # A larger shape that gets near the cap itself (where rule 4 gives it weight decay) is taken whatever its share.
     below = 0.0
@@ -392,17 +429,18 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         refused = short_of_share(shape, passes, False)
         if refused:
             break
-        rate, compiled, eager_rate, took = at_best(shape, dtype, rate, rows)
+        eager_dtype = dtype
+        dtype, rate, compiled, eager_rate, took = at_best(shape, dtype, rate, rows)
         passes = passes_of(shape, rate)
         if chosen is not None:
             below = passes_of(chosen[0], chosen[2])
         refused = short_of_share(shape, passes, compiled)
         if refused:
             break
-        chosen, below = (shape, dtype, rate, rows, compiled, eager_rate, took), passes
+        chosen, below = (shape, dtype, rate, rows, compiled, eager_rate, took, eager_dtype), passes
         if passes < MIN_EPOCHS:  # a larger shape is slower still
             break
-    shape, dtype, rate, rows, compiled, eager_rate, took = chosen
+    shape, dtype, rate, rows, compiled, eager_rate, took, eager_dtype = chosen
     trains = train_seconds(shape, rate)  # the probes' seconds, the compilation's among them, and the validations'
     every = cadence(shape, rate)
     budget_epochs = rate * trains / facts.train_tokens
@@ -421,7 +459,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
                                                                       epochs=run_epochs, **extra))
     if facts.budget_seconds:
-        measured = f" (compiled; eager {eager_rate:,.0f})" if compiled else ""
+        eager_named = "" if eager_dtype == dtype else f" {eager_dtype}"
+        measured = f" (compiled; eager{eager_named} {eager_rate:,.0f})" if compiled else ""
         left_out, spent, one = "", clock() - began, one_validation(shape, rate)
         if budget - trains >= 1.0:
             periodic = periodic_validations(max(budget - spent, 1.0), one, every)

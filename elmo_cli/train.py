@@ -1060,15 +1060,22 @@ def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float,
                        trace: list[tuple[float, int]] | None = None) -> float:
     """Training tokens per second (per direction) of `config` on `dataset` in this process, on its device and
     threads: a fresh model, two warm-up steps, then real training steps for about `seconds` (at least three).
-    Writes nothing; the global RNGs are reseeded by the run that follows, as every run reseeds them. `notes`, if
-    given, receives what the steps said (on a GPU: that the CUDA graphs started, or why they fell back); `trace`
-    ``(seconds since the timing began, tokens so far)`` after each timed step (on a CPU: a GPU's steps are not
-    waited for one by one)."""
+    A step with its LSTM loops compiled on a CPU (`training.compile`) warms up for `seconds` more before it is
+    timed: after its compilation the first seconds of a process's compiled step run slow (the `512/128` bf16 step
+    on 2 Zen 5 cores: about 5,700 tokens/s a step at first, 8,000-9,000 after about 5 s; a second model in the
+    same process ran at 8,036 from its first step; docs/auto.md). Writes nothing; the global RNGs are reseeded by
+    the run that follows, as every run reseeds them. `notes`, if given, receives what the steps said (on a GPU:
+    that the CUDA graphs started, or why they fell back); `trace` ``(seconds since the timing began, tokens so
+    far)`` after each timed step (on a CPU: a GPU's steps are not waited for one by one)."""
     with _training_process(config.training.threads):
         probe = _Trainer.bare(config, dataset)
         probe.state.total_steps = 1_000_000  # the learning rate stays in its warmup, as at a run's start
         for _ in range(2):
             probe.step()
+        if probe.state.compiled:
+            start = time.monotonic()
+            while time.monotonic() - start < seconds:
+                probe.step()
         _synchronize(probe.device)
         tokens, steps, start = 0, 0, time.monotonic()
         while steps < 3 or time.monotonic() - start < seconds:

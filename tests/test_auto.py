@@ -931,15 +931,83 @@ def test_the_larger_shape_is_weighed_over_the_same_seconds_left_and_its_slower_v
     measure, clock = measure_of(1.2467)  # 2,173 tokens/s compiled
     choice = choose(hour, measure, clock=clock)
     assert choice.shape == LARGE.name and choice.config.training.compile and choice.config.training.dtype == "bf16"
-    # 512/128: fp32, bf16 (not kept), fp32 eager again, not compiled (its fp32 step's gradient is by hand);
-    # 1024/256: fp32, bf16, bf16 eager again, compiled, and eager after
+    # 512/128: fp32, bf16 (not kept), fp32 eager again, its bf16 step compiled (bf16's eager rate, 0.99x fp32's,
+    # could reach 1.15x compiled; here it gains nothing and the fp32 step stays); 1024/256: fp32, bf16, bf16
+    # eager again, compiled, and eager after
     assert [(p.shape, p.dtype, p.compiled) for p in choice.probes] == [
         (SMALL.name, "fp32", False), (SMALL.name, "bf16", False), (SMALL.name, "fp32", False),
-        (LARGE.name, "fp32", False), (LARGE.name, "bf16", False), (LARGE.name, "bf16", False),
-        (LARGE.name, "bf16", True), (LARGE.name, "bf16", False)]
-    spent = 9 * 7 + 80
+        (SMALL.name, "bf16", True), (LARGE.name, "fp32", False), (LARGE.name, "bf16", False),
+        (LARGE.name, "bf16", False), (LARGE.name, "bf16", True), (LARGE.name, "bf16", False)]
+    spent = 9 * 7 + 2 * 80
     one = 85_047 / (auto.VALIDATION_OVER_TRAINING * 1431.0)  # its validations are timed by its fp32 step
     assert choice.config.training.validation_minutes == 20.0
     assert choice.expected_epochs == pytest.approx(2173.0 * (3600 - spent - 2 * one) / 915_556, rel=1e-3)
-    assert "x 56.2 min (60 min less the probe's 2.4 min and 2 validations of 42 s) = 8.0 passes" in choice.reason
+    assert "x 54.9 min (60 min less the probe's 3.7 min and 2 validations of 42 s) = 7.8 passes" in choice.reason
     assert choice.reason.endswith("validated every 20 min")
+
+
+def test_a_bf16_step_not_kept_eager_is_probed_compiled_where_it_could_pay(monkeypatch):
+    # The addresses on 2 Zen 5 cores, 2026-12-04, traced on an idle machine (probe-zen5-idle-trace-check): 512/128
+    # fp32 5,367 tokens/s in a probe's first 6 s, bf16 4,869 (0.91x: not kept eager), bf16 compiled 8,093; 1024/256
+    # fp32 2,060, bf16 3,019, bf16 compiled 3,806. The rule before took 512/128 fp32 eager there, at 0.6 of the
+    # speed of its own compiled bf16 step
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
+    table = {(SMALL.name, "fp32", False): 5367.0, (SMALL.name, "bf16", False): 4869.0,
+             (SMALL.name, "bf16", True): 8093.0, (LARGE.name, "fp32", False): 2060.0,
+             (LARGE.name, "bf16", False): 3019.0, (LARGE.name, "bf16", True): 3806.0}
+
+    def measure(config, seconds):
+        lstm = config.model.lstm
+        return table[(f"LSTM {lstm.dim}/{lstm.projection_dim}", config.training.dtype, config.training.compile)]
+    hour = dataclasses.replace(facts(tokens=915_556, budget=3600), compile=True)
+    choice = choose(hour, measure)
+    assert (choice.shape, choice.config.training.dtype, choice.config.training.compile) == (SMALL.name, "bf16", True)
+    assert [(p.shape, p.dtype, p.compiled) for p in choice.probes][:5] == [
+        (SMALL.name, "fp32", False), (SMALL.name, "bf16", False), (SMALL.name, "fp32", False),
+        (SMALL.name, "bf16", True), (SMALL.name, "fp32", False)]
+    assert choice.tokens_per_s == 8093.0
+    assert "auto: LSTM 512/128, bf16, compiled, dropout 0.4" in choice.reason  # 31.8 passes expected
+    assert "8,093 tokens/s measured (compiled; eager fp32 5,367)" in choice.reason
+    # 1024/256 eager bf16 gets 3,019 / 8,093 = 0.37 of its passes: under the share, not compiled
+    assert choice.reason.endswith("; LSTM 1024/256 would get 11.9 (< 0.45 x LSTM 512/128's 31.8)"), choice.reason
+    # a compiled bf16 step under 1.15x the fp32 one is not kept: 512/128 stays fp32 eager, and against its 5,367
+    # tokens/s 1024/256's eager bf16 3,019 holds 0.56 of the passes (the rule of before, on these rates)
+    table[(SMALL.name, "bf16", True)] = 1.1 * 5367.0
+    slower = choose(hour, measure)
+    assert [p.compiled for p in slower.probes if p.shape == SMALL.name] == [False, False, False, True]
+    assert slower.shape == LARGE.name and "(< 0.45" not in slower.reason
+    # an Intel AVX512-BF16 Xeon, 2026-12-03: bf16 at 0.6x fp32 cannot reach 1.15x compiled; no compilation probed
+    xeon = {(SMALL.name, "fp32", False): 3413.0, (SMALL.name, "bf16", False): 2128.0,
+            (LARGE.name, "fp32", False): 1612.0, (LARGE.name, "bf16", False): 961.0}
+
+    def on_xeon(config, seconds):
+        assert not config.training.compile, "a compilation that cannot pay was probed"
+        lstm = config.model.lstm
+        return xeon[(f"LSTM {lstm.dim}/{lstm.projection_dim}", config.training.dtype, False)]
+    assert choose(hour, on_xeon).config.training.dtype == "fp32"
+
+
+def test_a_compiled_probe_warms_up_for_its_seconds_before_it_is_timed(monkeypatch, tmp_path):
+    """After its compilation a process's compiled step runs slow for seconds (docs/auto.md): the probe of a
+    compiled step steps untimed for `seconds` after its two warm-up steps; an eager one times from the third."""
+    import elmo_cli.train as train
+    from elmo_cli import compiled
+
+    _, train_dir, _ = make_shards(tmp_path)
+    data = train.open_shards(train_dir)
+    monkeypatch.setattr(compiled, "reason_not", lambda device, enabled: None if enabled else "")
+    monkeypatch.setattr(compiled, "compile_layers", lambda model: None)  # the step runs eager, counted as compiled
+    calls = []
+    step = train._Trainer.step
+    monkeypatch.setattr(train._Trainer, "step", lambda self: calls.append(1) or step(self))
+    config = auto._config(auto._base(), SMALL, "fp32", 64, 1).with_training(device="cpu", batch_size=4,
+                                                                            unroll_steps=5)
+    for compile_, warm in ((False, 2), (True, None)):
+        calls.clear()
+        trace: list = []
+        train.measure_throughput(config.with_training(compile=compile_), data, 0.3, trace=trace)
+        untimed = len(calls) - len(trace)
+        if warm is not None:
+            assert untimed == warm
+        else:
+            assert untimed > 2 and len(trace) >= 3
