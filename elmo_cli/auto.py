@@ -88,7 +88,7 @@ from vocab.errors import ElmoError
 
 MIN_TOKENS = 20_000  # below this a corpus gives no held-out signal worth a biLM: refuse rather than guess
 MIN_EPOCHS = 4.0  # a larger shape must still see the corpus this often in the budget
-MIN_PASS_SHARE = 0.45  # ... and this share of the next smaller shape's passes (not capped), or near the cap
+MIN_PASS_SHARE = 0.55  # ... and this share of the next smaller shape's passes (not capped), or near the cap
 BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this much faster
 SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs)
 MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
