@@ -9,9 +9,12 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    `MIN_EPOCHS` and either at least `MIN_PASS_SHARE` of the passes of the shape below it, counted before the pass
    cap (5.), so in effect of its speed, or the passes near the cap (`decay_from`, where 4. gives it weight decay);
    the smallest always qualifies, and the probe stops at the first that does not. A larger model learns more per
-   token, but not enough to make up for seeing its text under half as often: the hours it lost had a share of 0.43
-   or less (fp32 against the smaller shape; 0.33 an hour on an Intel Xeon, 7.6% behind), those it won 0.45 or
-   more (bf16 on AVX-512 BF16 CPUs), and the 2-hour cells it won at a lower share it ended near the cap. Where the
+   token, but not enough to make up for seeing its text much less often: counted by the passes the runs made
+   against `laptop`'s in the same cell, the hours it lost were at 0.511-0.545 of them (bf16, three held-out or
+   short cells on Zen 4 and 5) or under 0.45 (fp32: 0.33 an hour on an Intel Xeon, 7.6% behind), those it won
+   at 0.555 or more, and the 2-hour cells it won at a lower share it ended near the cap. Until 2026-12-04 the
+   share was 0.45, on the probes' shares of the wins (0.45-0.51), and it took the larger shape in three held-out
+   hours that it lost (Zen 4, Zen 5, an Intel AVX512-BF16 Xeon: 0.9-2.7% behind `laptop`). Where the
    smaller shape reaches the cap, its capped passes are not the measure: an Intel Xeon's 2 hours took 1024/256 at
    0.55 of them (0.41 of the speed, 17.7 passes, short of the cap) and lost to the smaller shape's hour
    (docs/auto.md). Each shape's passes are those of its fastest step, compiled where 8. keeps that: the smaller
