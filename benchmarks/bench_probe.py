@@ -16,7 +16,9 @@ over the shape's fp32 training rate: what `auto`'s rule 9 counts a validation's 
 ``--trace SECONDS`` measures instead how a probe's rate settles: each shape and dtype at 32 rows trains SECONDS
 once, as the probe does, and the record keeps the tokens/s of each 2-second interval, the rate a probe of
 `auto.PROBE_SECONDS`'s longest (6 s) would report, and the rate of the steps after it (what the run goes on at). ``--compiled`` traces the compiled step too where
-rule 8 probes it (a bf16 step: `auto.COMPILE_DTYPES`), after the eager one.
+rule 8 probes it (a bf16 step: `auto.COMPILE_DTYPES`), after the eager one; like `auto`'s probe it is timed after
+6 s of untimed steps (`train.measure_throughput`'s warm-up of a compiled step; traces before 2026-12-04 timed it
+from its third step).
 
 Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
 ratio per shape
@@ -121,7 +123,7 @@ def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None
             config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu",
                                                                                             compile=compiled)
             trace: list[tuple[float, int]] = []
-            measure_throughput(config, data, args.trace, trace=trace)
+            measure_throughput(config, data, args.trace, trace=trace, warm=probe_s)  # a compiled step: as auto's
 
             def rate(t0: float, t1: float) -> float | None:
                 inside = [(t, n) for t, n in [(0.0, 0), *trace] if t0 <= t <= t1]

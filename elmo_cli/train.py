@@ -1057,11 +1057,11 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
 
 
 def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float, notes: list[str] | None = None,
-                       trace: list[tuple[float, int]] | None = None) -> float:
+                       trace: list[tuple[float, int]] | None = None, warm: float | None = None) -> float:
     """Training tokens per second (per direction) of `config` on `dataset` in this process, on its device and
     threads: a fresh model, two warm-up steps, then real training steps for about `seconds` (at least three).
-    A step with its LSTM loops compiled on a CPU (`training.compile`) warms up for `seconds` more before it is
-    timed: after its compilation the first seconds of a process's compiled step run slow (the `512/128` bf16 step
+    A step with its LSTM loops compiled on a CPU (`training.compile`) warms up for `warm` seconds more (default
+    `seconds`) before it is timed: after its compilation the first seconds of a process's compiled step run slow (the `512/128` bf16 step
     on 2 Zen 5 cores: about 5,700 tokens/s a step at first, 8,000-9,000 after about 5 s; a second model in the
     same process ran at 8,036 from its first step; docs/auto.md). Writes nothing; the global RNGs are reseeded by
     the run that follows, as every run reseeds them. `notes`, if given, receives what the steps said (on a GPU:
@@ -1073,8 +1073,8 @@ def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float,
         for _ in range(2):
             probe.step()
         if probe.state.compiled:
-            start = time.monotonic()
-            while time.monotonic() - start < seconds:
+            start, warm = time.monotonic(), seconds if warm is None else warm
+            while time.monotonic() - start < warm:
                 probe.step()
         _synchronize(probe.device)
         tokens, steps, start = 0, 0, time.monotonic()
