@@ -25,7 +25,7 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
    few times needs little, one that sees it fifty times needs much; the smallest shape keeps at most `laptop`'s
-   (`SMALLEST_MAX_DROPOUT`), its 0.4 having lost an hour on the addresses by 4.8% (docs/auto.md).
+   (`SMALLEST_MAX_DROPOUT`), its 0.4 having lost an hour on the addresses by 4.7% (docs/auto.md).
 4. A budget that takes the run near the passes the corpus bears (`decay_from`: `DECAY_CAP_SHARE` of the cap of
    5., and never under `DECAY_FROM_EPOCHS`) trains with AdamW and decoupled weight decay (`WEIGHT_DECAY`): where
    the model has stopped improving (15 passes over 0.2M tokens) it gains 1.4-2.4% of held-out perplexity; where it
@@ -100,9 +100,9 @@ EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape a
 # (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
 DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
 # ... but the smallest shape keeps at most `laptop`'s 0.3: 0.4 was measured on 1024/256 (Austen and the KJV, 2 hours
-# at 25-29 passes); on 512/128 it ended an hour on the addresses (Zen 5, 28.3 passes expected, about 20 made) at 0.655
-# against 0.625 for the same shape at 0.3 (docs/auto.md), and 2 hours to the 31.9-pass cap on an Intel Xeon level
-# with that shape's hour at 0.3
+# at 25-29 passes); on 512/128 it ended an hour on the addresses (Zen 5, 28.3 passes expected, 20.9 made) at 0.655
+# against laptop's 0.626 right after (the same shape at 0.3, 19.8 passes; docs/auto.md), and 2 hours to the
+# 31.9-pass cap on an Intel Xeon level with that shape's hour at 0.3
 SMALLEST_MAX_DROPOUT = 0.3
 DECAY_FROM_EPOCHS = 12.0  # AdamW with WEIGHT_DECAY from this many expected passes at least; Adam below
 DECAY_CAP_SHARE = 0.8  # ... and from this share of the corpus's pass cap (max_epochs)
