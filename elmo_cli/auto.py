@@ -385,9 +385,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                 return COMPILE_GAIN * eager
             return max(BF16_GAIN * eager, COMPILE_GAIN * eager_rates.get((shape.name, target), 0.0))
         start = clock()
-        compiled_config = _config(base, shape, target, negatives, facts.threads).with_training(
-            batch_size=rows, device=facts.device, compile=True)
-        compiled_rate = measure(compiled_config, seconds)
+        compiled_rate = measure(config.with_training(dtype=target, compile=True), seconds)
         took = clock() - start
         probes.append(Probe(shape.name, target, compiled_rate, rows, compiled=True))
         if compiled_rate >= bar(eager):
