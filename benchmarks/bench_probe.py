@@ -7,6 +7,7 @@ cost in quality at equal time is not measured here: an hour per cell).
     python -m benchmarks.bench_probe [--corpus austen] [--seconds 20] [--repeats 3] [--threads 2] [--rows 32 64 128]
     python -m benchmarks.bench_probe --trace 24 [--compiled] [--corpus sotu] [--label NAME]
     python -m benchmarks.bench_probe --validation [--corpus sotu] [--rows 32] [--label NAME]
+    python -m benchmarks.bench_probe --settle 40 [--idle 30] [--repeats 2] [--corpus sotu] [--label NAME]
 
 ``--validation`` also times, REPEATS times per shape, one validation of the corpus's held-out shards as `train`
 makes it (`train.validation_perplexity`: full softmax, fp32, eager, 64 rows) on a fresh model, and its tokens/s
@@ -19,6 +20,12 @@ once, as the probe does, and the record keeps the tokens/s of each 2-second inte
 rule 8 probes it (a bf16 step: `auto.COMPILE_DTYPES`), after the eager one; like `auto`'s probe it is timed after
 6 s of untimed steps (`train.measure_throughput`'s warm-up of a compiled step; traces before 2026-12-04 timed it
 from its third step).
+
+``--settle SECONDS`` asks why a probe's first seconds can read above the run that follows: it traces `auto`'s first
+probe (`512/128`, fp32, eager, 32 rows) for SECONDS on a fresh model (a), at once again on another fresh model
+(b), then after ``--idle`` seconds with the CPUs idle on a third (c), REPEATS times. Where (a) and (c) start high
+and (b) does not, the CPU runs faster after idling (its clock, or the host's other load) and a probe taken cold
+reads high; where all three do, it is the fresh model or process; where none does, neither.
 
 Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
 ratio per shape
@@ -47,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--trace", type=float, default=0.0, help="seconds of one traced probe per shape and dtype")
     parser.add_argument("--validation", action="store_true", help="time a validation of the held-out shards too")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds of each of the three traces of --settle (see above)")
+    parser.add_argument("--idle", type=float, default=30.0, help="with --settle: seconds idle before trace (c)")
     parser.add_argument("--compiled", action="store_true",
                         help="with --trace: also trace the compiled step where rule 8 probes it (a bf16 step)")
     argv = sys.argv[1:] if argv is None else argv
@@ -56,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python -m benchmarks.bench_probe", *argv])
     if args.trace > 0:
         return trace_probes(data, base, negatives, dtypes, args, command)
+    if args.settle > 0:
+        return settle_probes(data, base, negatives, args, command)
     with Recording("probe", command, args.threads, args.label) as rec:
         cells = [(shape, dtype, rows) for shape in auto.LADDER for dtype in dtypes for rows in args.rows]
         rates: dict[tuple[str, str, int], list[float]] = {}
@@ -111,31 +123,62 @@ def time_validation(shape, data, heldout, base) -> tuple[float, float]:
     return seconds, heldout.total_tokens / seconds
 
 
+def traced(config, data, seconds: float) -> dict:
+    """One probe of `config` for `seconds` on a fresh model (`measure_throughput`, as `auto` runs it): its tokens/s
+    by 2-second interval, the rate a 6-s probe reports and the rate after it."""
+    trace: list[tuple[float, int]] = []
+    measure_throughput(config, data, seconds, trace=trace, warm=auto.PROBE_SECONDS[1])
+
+    def rate(t0: float, t1: float) -> float | None:
+        inside = [(t, n) for t, n in [(0.0, 0), *trace] if t0 <= t <= t1]
+        if len(inside) < 2:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+    probe_s = auto.PROBE_SECONDS[1]
+    return {"tokens_per_s_by_2s": [None if r is None else round(r) for r in
+                                   (rate(t, t + 2.0) for t in range(0, int(seconds), 2))],
+            "probe_6s": round(rate(0.0, probe_s) or 0), "after_6s": round(rate(probe_s, seconds) or 0),
+            "steps": len(trace)}
+
+
+def settle_probes(data, base, negatives: int, args, command: str) -> None:
+    """``--settle``: `auto`'s first probe traced cold (a), at once again (b) and after ``--idle`` seconds (c)."""
+    if args.settle <= auto.PROBE_SECONDS[1]:
+        raise SystemExit(f"--settle: more than a probe's {auto.PROBE_SECONDS[1]:g} s, so that a rate after it is read")
+    config = auto._config(base, auto.LADDER[0], "fp32", negatives, args.threads).with_training(device="cpu")
+    with Recording("probe", command, args.threads, args.label) as rec:
+        rec.figures = {"corpus": args.corpus, "settle_seconds": args.settle, "idle_seconds": args.idle,
+                       "negatives": negatives, "rows": 32, "torch_threads": args.threads, "step": "512/128 fp32",
+                       "rounds": []}
+        for _ in range(args.repeats):
+            cold = traced(config, data, args.settle)
+            again = traced(config, data, args.settle)
+            time.sleep(args.idle)
+            idled = traced(config, data, args.settle)
+            rec.figures["rounds"].append({"a_cold": cold, "b_again": again, "c_after_idle": idled})
+            for key, t in rec.figures["rounds"][-1].items():
+                print(f"{key}: probe 6 s {t['probe_6s']:,}, after {t['after_6s']:,}; by 2 s {t['tokens_per_s_by_2s']}",
+                      flush=True)
+        for key in ("a_cold", "b_again", "c_after_idle"):
+            rec.figures[f"{key} probe over after (median)"] = round(statistics.median(
+                r[key]["probe_6s"] / r[key]["after_6s"] for r in rec.figures["rounds"]), 3)
+        for key, value in rec.figures.items():
+            if key != "rounds":
+                print(f"{key}: {value}")
+
+
 def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None:
     """``--trace``: one probe of ``args.trace`` seconds per shape and dtype, its rate by 2-second interval."""
     with Recording("probe", command, args.threads, args.label) as rec:
         rec.figures = {"corpus": args.corpus, "trace_seconds": args.trace, "negatives": negatives, "rows": 32,
                        "torch_threads": args.threads}
-        probe_s = auto.PROBE_SECONDS[1]
         steps = [(shape, dtype, compiled) for shape in auto.LADDER for dtype in dtypes
                  for compiled in ((False, True) if args.compiled and dtype in auto.COMPILE_DTYPES else (False,))]
         for shape, dtype, compiled in steps:
             config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu",
                                                                                             compile=compiled)
-            trace: list[tuple[float, int]] = []
-            measure_throughput(config, data, args.trace, trace=trace, warm=probe_s)  # a compiled step: as auto's
-
-            def rate(t0: float, t1: float) -> float | None:
-                inside = [(t, n) for t, n in [(0.0, 0), *trace] if t0 <= t <= t1]
-                if len(inside) < 2:
-                    return None
-                return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-            bins = [rate(t, t + 2.0) for t in range(0, int(args.trace), 2)]
             key = f"{shape.name} {dtype}" + (" compiled" if compiled else "")
-            rec.figures[key] = {
-                "tokens_per_s_by_2s": [None if r is None else round(r) for r in bins],
-                "probe_6s": round(rate(0.0, probe_s) or 0), "after_6s": round(rate(probe_s, args.trace) or 0),
-                "steps": len(trace)}
+            rec.figures[key] = traced(config, data, args.trace)  # a compiled step warms up as auto's does
             print(f"{key}: {rec.figures[key]}", flush=True)
 
 

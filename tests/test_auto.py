@@ -1059,3 +1059,21 @@ def test_the_held_out_cells_the_larger_shape_lost_or_won_narrowly_now_train_the_
         (LARGE.name, "bf16", False): [3081.5, 3677.1, 3257.1], (LARGE.name, "bf16", True): [4864.5]}))
     assert (half.shape, half.config.training.dtype, half.config.training.compile) == (SMALL.name, "bf16", False)
     assert half.reason.endswith("; LSTM 1024/256 would get 7.2 (< 0.55 x LSTM 512/128's 13.6)"), half.reason
+
+
+def test_the_zen5_hour_that_beat_laptop_replays_to_the_smaller_shape_compiled_in_bf16_at_laptops_dropout(monkeypatch):
+    """The probes recorded in the Zen 5's hour on the addresses under the present rule (docs/auto.md, "The Zen 5's
+    hour under the present rule"), which trained `512/128` in bf16 compiled at dropout 0.3 and ended ahead of
+    `laptop`: replayed, the rule makes the same choice, and the larger shape is turned down, narrowly."""
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
+    hour = dataclasses.replace(facts(tokens=915_556, budget=3600, vocab=15_182), compile=True)
+    choice = choose(hour, recorded({
+        (SMALL.name, "fp32", False): [5786.8, 5344.6, 4857.2], (SMALL.name, "bf16", False): [6020.9],
+        (SMALL.name, "bf16", True): [6975.4], (LARGE.name, "fp32", False): [2203.7],
+        (LARGE.name, "bf16", False): [3685.7, 3822.2]}))
+    training = choice.config.training
+    assert (choice.shape, training.dtype, training.compile, training.dropout, training.weight_decay) == \
+        (SMALL.name, "bf16", True, 0.3, 0.0), choice.reason
+    assert "(compiled; eager fp32 5,787)" in choice.reason
+    # by a narrow margin: 0.547 of the smaller shape's passes here (0.540 in the run's line, its probe's seconds out)
+    assert choice.reason.endswith("; LSTM 1024/256 would get 15.0 (< 0.55 x LSTM 512/128's 27.4)"), choice.reason
