@@ -126,15 +126,15 @@ def time_validation(shape, data, heldout, base) -> tuple[float, float]:
 def traced(config, data, seconds: float) -> dict:
     """One probe of `config` for `seconds` on a fresh model (`measure_throughput`, as `auto` runs it): its tokens/s
     by 2-second interval, the rate a 6-s probe reports and the rate after it."""
+    probe_s = auto.PROBE_SECONDS[1]
     trace: list[tuple[float, int]] = []
-    measure_throughput(config, data, seconds, trace=trace, warm=auto.PROBE_SECONDS[1])
+    measure_throughput(config, data, seconds, trace=trace, warm=probe_s)
 
     def rate(t0: float, t1: float) -> float | None:
         inside = [(t, n) for t, n in [(0.0, 0), *trace] if t0 <= t <= t1]
         if len(inside) < 2:
             return None
         return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-    probe_s = auto.PROBE_SECONDS[1]
     return {"tokens_per_s_by_2s": [None if r is None else round(r) for r in
                                    (rate(t, t + 2.0) for t in range(0, int(seconds), 2))],
             "probe_6s": round(rate(0.0, probe_s) or 0), "after_6s": round(rate(probe_s, seconds) or 0),
@@ -157,8 +157,8 @@ def settle_probes(data, base, negatives: int, args, command: str) -> None:
             idled = traced(config, data, args.settle)
             rec.figures["rounds"].append({"a_cold": cold, "b_again": again, "c_after_idle": idled})
             for key, t in rec.figures["rounds"][-1].items():
-                print(f"{key}: probe 6 s {t['probe_6s']:,}, after {t['after_6s']:,}; by 2 s {t['tokens_per_s_by_2s']}",
-                      flush=True)
+                print(f"{key}: probe 6 s {t['probe_6s']:,}, after {t['after_6s']:,}; "
+                      f"by 2 s {t['tokens_per_s_by_2s']}", flush=True)
         for key in ("a_cold", "b_again", "c_after_idle"):
             rec.figures[f"{key} probe over after (median)"] = round(statistics.median(
                 r[key]["probe_6s"] / r[key]["after_6s"] for r in rec.figures["rounds"]), 3)

@@ -1061,10 +1061,10 @@ def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float,
     """Training tokens per second (per direction) of `config` on `dataset` in this process, on its device and
     threads: a fresh model, two warm-up steps, then real training steps for about `seconds` (at least three).
     A step with its LSTM loops compiled on a CPU (`training.compile`) warms up for `warm` seconds more (default
-    `seconds`) before it is timed: after its compilation the first seconds of a process's compiled step run slow (the `512/128` bf16 step
-    on 2 Zen 5 cores, traced twice: 6,879 and 7,861 tokens/s in its first 2 s, 8,603 and 9,038 after its first 6;
-    docs/auto.md, rule 8). Writes nothing; the global RNGs are reseeded by
-    the run that follows, as every run reseeds them. `notes`, if given, receives what the steps said (on a GPU:
+    `seconds`) before it is timed: after its compilation the first seconds of a process's compiled step run slow
+    (the `512/128` bf16 step on 2 Zen 5 cores, traced twice: 6,879 and 7,861 tokens/s in its first 2 s, 8,603 and
+    9,038 after its first 6; docs/auto.md, rule 8). Writes nothing; the global RNGs are reseeded by the run that
+    follows, as every run reseeds them. `notes`, if given, receives what the steps said (on a GPU:
     that the CUDA graphs started, or why they fell back); `trace` ``(seconds since the timing began, tokens so
     far)`` after each timed step (on a CPU: a GPU's steps are not waited for one by one)."""
     with _training_process(config.training.threads):
