@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import subprocess
 import sys
 import time
@@ -118,6 +119,8 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "epochs": records[-1].get("epoch") or max((r.get("epoch", 0) for r in records), default=0),
             "tokens_per_s_median": rates[len(rates) // 2] if rates else None, "seconds": round(seconds),
             "tokens_per_s_by_5min": rate_by_window(records, 300.0),
+            "tokens_per_s_mean": next(iter(rate_by_window(records, math.inf)), None),  # the rate `train` ends with
+            "estimate": next((ln for ln in done.stdout.splitlines() if ln.startswith("auto expected")), None),
             **({"probe_tokens_per_s": chosen["tokens_per_s"], "probe_seconds": chosen["probe_seconds"],
                 "probes": chosen["probes"]} if chosen else {}),
             "cpu": cpu_model(), **isa_caps(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),

@@ -210,8 +210,18 @@ class _TrainReport:
         self.progress.stop()
 
 
-def _print_train_result(result) -> None:
-    """The end of `train`: notes, how it stopped, the last loss, validation and where the ratio to KN5 places it."""
+def _probe_against_run(choice, result) -> str:
+    """`auto`'s passes and rate expected against what the run made: how far its probe was from this host's pace."""
+    off = choice.tokens_per_s / result.mean_tokens_per_s - 1
+    side = "over" if off > 0 else "under"
+    return (f"auto expected {choice.expected_epochs:.1f} passes at its probe's {choice.tokens_per_s:,.0f} tokens/s; "
+            f"the run made {result.epochs:.1f} at {result.mean_tokens_per_s:,.0f} tokens/s (the probe "
+            f"{abs(off):.0%} {side} the run)")
+
+
+def _print_train_result(result, choice=None) -> None:
+    """The end of `train`: notes, how it stopped, the last loss, validation, for a fresh `auto` run its probe
+    against the run, and where the ratio to KN5 places it."""
     import math
 
     for note in result.notes:
@@ -224,6 +234,8 @@ def _print_train_result(result) -> None:
                   f"{result.tokens_per_s:,.0f} tokens/s; model in {result.run_dir}", highlight=False)
     if result.validation:
         console.print(_validation_line(result.step, result.validation, result.baseline), highlight=False)
+    if choice is not None and result.resumed_from == 0 and result.world_size == 1 and result.mean_tokens_per_s:
+        console.print(_probe_against_run(choice, result), highlight=False)
     if result.best and result.best["step"] != result.step:
         console.print(f"the model files are those of step {result.best['step']:,}, the best validation "
                       f"(average perplexity {result.best['average_perplexity']:.2f})", highlight=False)
@@ -356,7 +368,7 @@ def cli_train(
         finally:
             report.stop()
         if rank0:
-            _print_train_result(result)
+            _print_train_result(result, choice)
 
 
 # ---- evaluate ------------------------------------------------------------------------------

@@ -96,6 +96,8 @@ class TrainResult:
     best: dict | None = None
     train_tokens: int = 0  # the shards' words (the manifest's total_tokens)
     run_seconds: float = 0.0  # training seconds of every invocation of the run (a resumed run's earlier parts too)
+    epochs: float = 0.0  # passes over the shards made by the last step
+    mean_tokens_per_s: float = 0.0  # this invocation's tokens over its training time (validations left out)
 
 
 # ---- the loss module (what DDP wraps) -----------------------------------------------------------------------------
@@ -437,6 +439,7 @@ class _Meter:
         self.reset(time.monotonic())
         self.rate = 0.0
         self.last_mean = float("nan")
+        self.trained_tokens, self.trained_seconds = 0, 0.0  # every record's sums, for the invocation's mean rate
 
     def reset(self, now: float) -> None:
         self.loss, self.fwd, self.bwd, self.steps, self.tokens, self.start = 0.0, 0.0, 0.0, 0, 0, now
@@ -458,6 +461,8 @@ class _Meter:
                ) -> dict:
         now = time.monotonic()
         self.rate = self.tokens / max(now - self.start, 1e-9)
+        self.trained_tokens += self.tokens
+        self.trained_seconds += now - self.start
         mean = self.last_mean = self.loss / self.steps
         rec = {"kind": "train", "step": step, "epoch": round(step / per_epoch, 4), "tokens": tokens_seen,
                "train_loss_sampled": round(mean, 5), "train_perplexity_sampled": round(math.exp(min(mean, 50.0)), 3),
@@ -1053,7 +1058,8 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                        run_seconds=tr.elapsed(),
                        checkpoint=tr.last_checkpoint, validation=validation, resumed_from=resumed_from,
                        world_size=tr.ddp.world_size, notes=tr.state.notes, baseline=tr.baseline, best=run.best,
-                       train_tokens=tr.dataset.total_tokens)
+                       train_tokens=tr.dataset.total_tokens, epochs=run.step / tr.state.per_epoch,
+                       mean_tokens_per_s=meter.trained_tokens / max(meter.trained_seconds, 1e-9))
 
 
 def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float, notes: list[str] | None = None,

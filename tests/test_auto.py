@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -441,10 +442,23 @@ def test_auto_trains_within_its_budget_and_places_the_result(corpus, tmp_path):
     named = int(m[2].replace(",", ""))
     assert any(p["shape"] == f"LSTM {shape}" and p["rows"] == saved["training"]["batch_size"]
                and abs(p["tokens_per_s"] - named) <= 1 for p in chosen["probes"]), chosen["probes"]
+    # the end sets the line's estimate beside the run: the passes made, at the run's own training rate (the
+    # tokens of metrics.jsonl's records over the seconds their rates imply), and the probe's distance from it
+    end = re.search(r"^auto expected ([\d.]+) passes at its probe's ([\d,]+) tokens/s; the run made ([\d.]+) at "
+                    r"([\d,]+) tokens/s \(the probe (\d+)% (over|under) the run\)$", r.stdout, re.MULTILINE)
+    assert end, r.stdout
+    assert (end[1], end[2]) == (m[3], m[2])
+    trained = [x for x in records if x.get("kind") == "train"]
+    assert float(end[3]) == pytest.approx(trained[-1]["epoch"], abs=0.051)
+    tokens = [b["tokens"] - a["tokens"] for a, b in zip([{"tokens": 0}, *trained], trained)]
+    rate = sum(tokens) / sum(n / x["tokens_per_s"] for n, x in zip(tokens, trained))
+    assert int(end[4].replace(",", "")) == pytest.approx(rate, rel=0.01)
+    off = named / int(end[4].replace(",", "")) - 1
+    assert int(end[5]) == pytest.approx(abs(off) * 100, abs=1) and end[6] == ("over" if off > 0 else "under")
     # the repeated command resumes the run's own choice (no new probe that could choose differently)
     again = runner.invoke(app, [*args[:-6], "--max-time", "25s", "--threads", "1", "--device", "cpu", "--resume"])
     assert again.exit_code == 0, again.output
-    assert not again.stdout.startswith("auto:")
+    assert not again.stdout.startswith("auto:") and "auto expected" not in again.stdout
     resumed = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [x["kind"] for x in resumed].count("auto") == 1 and resumed[0] == chosen
     assert json.loads((out / "config.json").read_text())["lstm"] == saved["lstm"]
@@ -858,6 +872,7 @@ def test_the_benchmark_reads_a_runs_speed_by_window_as_tokens_over_the_time_they
     # first minute: 3,000 tokens in 10 s + 10 s; second: 600 tokens in 2 s
     assert rate_by_window(records, 60.0) == [150.0, 300.0]
     assert rate_by_window(records, 300.0) == [round(3600 / 22, 1)]
+    assert rate_by_window(records, math.inf) == [round(3600 / 22, 1)]  # the whole run's: `train`'s last line's rate
 
 
 def test_a_benchmarks_machine_names_each_instruction_set_cap_in_force(monkeypatch):
