@@ -158,6 +158,13 @@ def _check_arguments(input_path: Path, output: Path, select: LayerSelection, n_l
     check_new_output(output, force)
 
 
+def batches_ahead(device: torch.device) -> int:
+    """How many batches a dump embeds before writing the one before them: on a GPU one (the host writes a batch
+    while the GPU computes the next, and makes a window's datasets while it computes the window's first batch); a
+    CPU computes and writes in turn (0)."""
+    return 1 if device.type == "cuda" else 0
+
+
 @dataclass
 class _Batch:
     """One embedded batch on its way to the file: `batch` (indices into the window's items), the lengths `n`, the
@@ -182,6 +189,7 @@ class _Window:
         self.lstm = None if stateful else loaded.lstm_kernel(compute_dtype_of(compute_dtype))
         self.states: tuple | None = None
         self.lines = self.tokens_done = 0
+        self.ahead = batches_ahead(self.device)
 
     def batches(self, items: list[tuple[int, list[str]]]) -> list[list[int]]:
         if self.stateful:  # input order, empty lines included as "<S> </S>" (they advance the state, as bilm-tf)
@@ -194,16 +202,18 @@ class _Window:
     def write(self, items: list[tuple[int, list[str]]], end: int, report: Callable[[], None]) -> None:
         """Embed and write ``items`` (line index, tokens), then record lines < end as complete."""
         L1, D = self.model.n_layers, self.model.config.output_dim
+        batches = self.batches(items)
+        # embedded, not yet written (on a GPU, the batches still computing). With `ahead`, the window's first
+        # batches are started before its datasets are made, so that the host makes them while the GPU computes.
+        pending = [self._embed(items, batch) for batch in batches[:self.ahead]]
         # Created in line order, so the file lists them in input order, and closed at once: an open HDF5 dataset
         # keeps its own buffers (a window's worth of open datasets cost more memory than the model itself).
         for i, toks in items:
             h5dump.create_line_dataset(self.line_group, i, self.select.shape(L1, len(toks), D), self.dtype,
                                        self.compression)
-        batches = self.batches(items)
-        pending: list[_Batch] = []  # embedded, not yet written: on a GPU, the batch still computing
-        for batch in batches:
+        for batch in batches[self.ahead:]:
             pending.append(self._embed(items, batch))
-            if self.device.type != "cuda" or len(pending) == 2:  # a CPU writes at once, a GPU the batch before
+            if len(pending) > self.ahead:
                 self._write_batch(items, pending.pop(0), report)
         for done in pending:
             self._write_batch(items, done, report)

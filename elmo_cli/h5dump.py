@@ -111,15 +111,17 @@ _FILE_TYPES = {name: h5py.h5t.py_create(np.dtype(t), logical=True) for name, t i
 
 
 def create_line_dataset(f: h5py.Group, index: int, shape: tuple[int, ...], dtype: str = "float32",
-                        compression: str = "none") -> h5py.Dataset:
-    """One line's dataset, key ``str(index)``, filled later; empty ones are never compressed (HDF5 cannot chunk
-    a zero-size dataset). An uncompressed one is made through h5py's low-level API, a third faster per line than
-    ``create_dataset`` (`benchmarks.bench_writer`), the same bytes on disk."""
+                        compression: str = "none") -> None:
+    """Make line `index`'s dataset, key ``str(index)``, filled later (`write_line`) and closed at once; empty ones
+    are never compressed (HDF5 cannot chunk a zero-size dataset). An uncompressed one is made through h5py's
+    low-level API, a third faster per line than ``create_dataset`` (`benchmarks.bench_writer`), the same bytes on
+    disk, and no high-level ``h5py.Dataset`` is built around it (a few microseconds a line that nothing reads)."""
     if compression != "none" and all(shape):
-        return f.create_dataset(str(index), shape=shape, dtype=DTYPES[dtype], compression=compression, shuffle=True)
+        f.create_dataset(str(index), shape=shape, dtype=DTYPES[dtype], compression=compression, shuffle=True)
+        return
     dcpl, lcpl = _PLAIN
-    return h5py.Dataset(h5py.h5d.create(f.id, str(index).encode(), _FILE_TYPES[dtype], h5py.h5s.create_simple(shape),
-                                        dcpl=dcpl, lcpl=lcpl))
+    h5py.h5d.create(f.id, str(index).encode(), _FILE_TYPES[dtype], h5py.h5s.create_simple(shape), dcpl=dcpl,
+                    lcpl=lcpl)
 
 
 def write_line(f: h5py.Group, index: int, data: np.ndarray) -> None:

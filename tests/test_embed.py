@@ -114,6 +114,29 @@ def test_batch_size_and_order_do_not_matter(loaded, text_file, tmp_path):
     assert index[""] == "4"
 
 
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_embedding_ahead_of_the_writes_writes_the_same_file(loaded, text_file, tmp_path, monkeypatch, ahead):
+    """A GPU's order (`dump.batches_ahead`: the window's first batches embedded before its datasets are made,
+    each batch written after the next is embedded), run on the CPU: the file is the same bytes as the CPU's order
+    gives, over several windows, an empty line and a resume."""
+    import elmo_cli.dump as dump_module
+
+    path, lines = text_file
+    dump_embeddings(loaded, path, tmp_path / "now.hdf5", batch_size=2, window_batches=2)
+    monkeypatch.setattr(dump_module, "batches_ahead", lambda device: ahead)
+    dump_embeddings(loaded, path, tmp_path / "ahead.hdf5", batch_size=2, window_batches=2)
+    assert (tmp_path / "ahead.hdf5").read_bytes() == (tmp_path / "now.hdf5").read_bytes()
+    with pytest.raises(KeyboardInterrupt):  # stopped after the first window (4 lines), resumed
+        dump_embeddings(loaded, path, tmp_path / "resumed.hdf5", batch_size=2, window_batches=2,
+                        on_progress=lambda p: (_ for _ in ()).throw(KeyboardInterrupt) if p.lines >= 5 else None)
+    dump_embeddings(loaded, path, tmp_path / "resumed.hdf5", batch_size=2, window_batches=2, resume=True)
+    got, index = _read(tmp_path / "resumed.hdf5")
+    want, want_index = _read(tmp_path / "now.hdf5")
+    assert index == want_index and sorted(got, key=int) == sorted(want, key=int) == [str(i) for i in range(len(lines))]
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
 def test_layers_dtype_and_mix(loaded, text_file, tmp_path):
     path, _ = text_file
     dump_embeddings(loaded, path, tmp_path / "all.hdf5")
