@@ -20,8 +20,9 @@
    plain fp32, since torch leaves TF32 off, for fp32).
 6. Profile: where a default step's time goes (`step_profile`: wall and GPU-busy ms, kernels, the host's waits
    and the lines that make them), beside the step that reads its results as it goes.
-7. DDP on one GPU (`ddp_rates`): one process wrapped in DistributedDataParallel (NCCL, a world of one) beside the
-   same step unwrapped; what several GPUs cost cannot be measured on one.
+7. DDP on one GPU (`ddp_rates`): a torchrun process's step (DistributedDataParallel over NCCL, a world of one)
+   beside the single-GPU default, and beside the torchrun step before 2026-12-05 (no CUDA graphs, the softmax's
+   gradient dense); what several GPUs cost cannot be measured on one.
 8. The dump at scale: `original` with `--layers average --dtype float16` on examples/austen_heldout.txt eight times
    over (168,512 tokens) at 64 and 512 rows a batch, beside the same sentences through `Embedder` without HDF5
    (what the writer and the host cost), and a host profile of the 512-row dump (cProfile: the functions with the
@@ -315,11 +316,12 @@ def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", ba
 
 def ddp_rates(shards: Path, preset: str = "original", dtype: str = "bf16", batch: int = 128,
               seconds: float = 3.0) -> dict:
-    """What DistributedDataParallel costs a step on one GPU: training tokens/s of one process wrapped in DDP (NCCL,
-    a world of one: its bucketed all-reduce hooks fire as the backward pass makes each bucket's gradients, and
-    each all-reduce is a copy) beside the same process unwrapped, both as a torchrun process runs (no CUDA graphs,
-    the softmax's gradient dense), and the default single-GPU step beside them. What it cannot measure: the
-    all-reduce's time across GPUs (NCCL over NVLink or a network) and its overlap with the backward pass there."""
+    """What a torchrun process's step costs on one GPU: training tokens/s of one process wrapped in
+    DistributedDataParallel (NCCL, a world of one: its bucketed all-reduce hooks fire as the backward pass makes
+    each bucket's gradients, each all-reduce a copy; the sparse softmax's rows all-gathered, a copy too) as torchrun
+    now runs it (CUDA graphs, the sparse softmax), beside the default single-GPU step and beside the torchrun step
+    before 2026-12-05 (no graphs, the softmax's gradient dense and all-reduced by DDP). What it cannot measure: the
+    collectives' time across GPUs (NCCL over NVLink or a network) and their overlap with the backward pass there."""
     import torch.distributed as dist
     from elmo_cli.distributed import Dist
     from elmo_cli.presets import load_config
@@ -332,12 +334,12 @@ def ddp_rates(shards: Path, preset: str = "original", dtype: str = "bf16", batch
 
     data = open_shards(shards)
     base = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype)
-    as_torchrun = base.with_training(cuda_graphs=False, sparse_softmax=False)
+    before = base.with_training(cuda_graphs=False, sparse_softmax=False)
     out = {"preset": preset, "dtype": dtype, "batch": batch}
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        for key, cfg, wrapped in (("single_gpu_default", base, False), ("unwrapped_as_torchrun", as_torchrun, False),
-                                  ("ddp_one_process", as_torchrun, True)):
+        for key, cfg, wrapped in (("single_gpu_default", base, False), ("ddp_one_process", base, True),
+                                  ("ddp_before", before, True)):
             with _training_process(cfg.training.threads):
                 trainer = _Trainer.bare(cfg, data)
                 if wrapped:
@@ -354,12 +356,15 @@ def ddp_rates(shards: Path, preset: str = "original", dtype: str = "bf16", batch
                     steps += 1
                 torch.cuda.synchronize()
                 out[key + "_tokens_per_s"] = round(tokens / (time.monotonic() - start))
+                if trainer.state.stacks is not None:
+                    out[key + "_graphs"] = trainer.state.stacks.graphed is not None
             del trainer
             gc.collect()
             torch.cuda.empty_cache()
     finally:
         dist.destroy_process_group()
-    out["ddp_over_unwrapped"] = round(out["ddp_one_process_tokens_per_s"] / out["unwrapped_as_torchrun_tokens_per_s"], 3)
+    out["ddp_over_single"] = round(out["ddp_one_process_tokens_per_s"] / out["single_gpu_default_tokens_per_s"], 3)
+    out["ddp_over_before"] = round(out["ddp_one_process_tokens_per_s"] / out["ddp_before_tokens_per_s"], 3)
     return out
 
 
@@ -506,9 +511,10 @@ def run_part(part: str, figures: dict, work: Path, text: Path, n_lines: int, dea
     elif part == "ddp":
         d = figures["ddp_one_gpu"] = ddp_rates(work / "shards")
         print(f"DDP on one GPU, {d['preset']} {d['dtype']} {d['batch']} rows: the default single-GPU step "
-              f"{d['single_gpu_default_tokens_per_s']:,} tokens/s; as a torchrun process (no graphs, dense softmax) "
-              f"{d['unwrapped_as_torchrun_tokens_per_s']:,} unwrapped, {d['ddp_one_process_tokens_per_s']:,} in "
-              f"DDP ({d['ddp_over_unwrapped']}x)", flush=True)
+              f"{d['single_gpu_default_tokens_per_s']:,} tokens/s; a torchrun process "
+              f"{d['ddp_one_process_tokens_per_s']:,} ({d['ddp_over_single']}x the single GPU's; graphs "
+              f"{d.get('ddp_one_process_graphs')}), before 2026-12-05 (no graphs, dense softmax) "
+              f"{d['ddp_before_tokens_per_s']:,} ({d['ddp_over_before']}x)", flush=True)
     elif part == "dump-scale":
         scale = figures["dump_original_scale"] = dump_scale(work / "model", text, work)
         print("dump original at scale, --layers average --dtype float16: " + " | ".join(

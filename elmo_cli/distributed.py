@@ -57,3 +57,25 @@ def is_main_process() -> bool:
     """False only in a torchrun process of rank > 0 (readable before the process group is joined): the one
     process that prints and writes."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def all_gather_rows(ids: torch.Tensor, grads: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every process's gathered softmax rows and their gradients, in rank order, the gradients averaged over the
+    processes as DistributedDataParallel averages the dense ones.
+
+    Why not DDP: DDP all-reduces a gradient the size of the whole softmax (it cannot take a sparse one), a
+    vocabulary x projection matrix every step, where a step touches only its targets' and negatives' rows. These are
+    of a fixed size on every process (the batch's targets and the sampled negatives), so one all-gather of each
+    tensor moves them with nothing for the host to wait on.
+
+    # Parameters
+    ids : `(M,)` int64 the rows this process gathered; grads : `(M, ...)` their gradients.
+
+    # Returns
+    `(world_size * M,)` ids and `(world_size * M, ...)` gradients divided by `world_size`.
+    """
+    ids_out = [torch.empty_like(ids) for _ in range(world_size)]
+    grads_out = [torch.empty_like(grads) for _ in range(world_size)]
+    dist.all_gather(ids_out, ids.contiguous())
+    dist.all_gather(grads_out, grads.contiguous())
+    return torch.cat(ids_out), torch.cat(grads_out).div_(world_size)

@@ -10,9 +10,11 @@ the same order on the same values, so a replayed step gives the eager step's num
 aside). The encoder (a distinct-token step whose size changes with every batch) and the sampled softmax (its
 sparse gradients) stay eager around it.
 
-What a capture needs, and the trainer checks before trying (`reason_not`): a CUDA device, one process (DDP's
-gradient hooks are not captured), and states to start from (the first step of a run has none: it runs eagerly and
-gives the states, and their dtypes, the graph is captured with). Dropout's random numbers come from the CUDA
+What a capture needs, and the trainer checks before trying (`reason_not`): a CUDA device and states to start
+from (the first step of a run has none: it runs eagerly and gives the states, and their dtypes, the graph is
+captured with). Under torchrun the graphs hold no collective: the replayed backward hands each LSTM parameter's
+gradient to autograd as one node, and DistributedDataParallel's hooks all-reduce it from there, outside the graph
+(the partial-network capture of torch's CUDA-graph notes). Dropout's random numbers come from the CUDA
 generator inside the graph; the generator's state is put back after the capture's warm-up, so a run stopped and
 resumed replays the same masks as one that was not.
 """
@@ -28,14 +30,11 @@ from elmo_cli.model.bilm import BiLM
 from elmo_cli.model.lstm import State
 
 
-def reason_not(device: torch.device, enabled: bool, distributed: bool) -> str | None:
+def reason_not(device: torch.device, enabled: bool) -> str | None:
     """Why the steps will not be captured: None when they will be tried, "" when there is nothing to say (the CPU,
-    or --no-cuda-graphs), else the note the run prints."""
+    or --no-cuda-graphs)."""
     if not enabled or device.type != "cuda":
         return ""
-    if distributed:
-        return "CUDA graphs: not under torchrun (DistributedDataParallel's gradient hooks are not captured); " \
-               "the eager step runs"
     return None
 
 

@@ -36,7 +36,9 @@ class RowGrads:
 
 
 def summed_rows(ids: torch.Tensor, grads: torch.Tensor) -> RowGrads:
-    """Sum the gradients of rows gathered more than once.
+    """Sum the gradients of rows gathered more than once, in an order fixed by the ids (torch lists
+    ``index_add_`` on a GPU and ``index_put_(accumulate=True)`` on a CPU as not deterministic), so that torchrun's
+    processes, summing the same gathered rows, make the same update.
 
     # Parameters
     ids : `(M,)` int64, the rows gathered (any order, repeats allowed); grads : `(M, ...)` each gather's gradient.
@@ -48,7 +50,10 @@ def summed_rows(ids: torch.Tensor, grads: torch.Tensor) -> RowGrads:
     first = torch.ones_like(ids, dtype=torch.bool)
     first[1:] = ids[1:] != ids[:-1]
     segment = first.long().cumsum(0) - 1  # (M,)
-    summed = torch.zeros_like(grads).index_add_(0, segment, grads[order])
+    if grads.is_cuda:  # index_add_'s atomic sums would differ from run to run, and between torchrun's processes
+        summed = torch.zeros_like(grads).index_put_((segment,), grads[order], accumulate=True)
+    else:  # on a CPU index_add_ is the one that sums in a fixed order
+        summed = torch.zeros_like(grads).index_add_(0, segment, grads[order])
     return RowGrads(ids, segment, summed)
 
 

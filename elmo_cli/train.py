@@ -34,7 +34,7 @@ from elmo_cli.model_files import ModelFiles
 from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
                                  restore_rank, save_checkpoint)
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
-from elmo_cli.distributed import Dist, init_distributed
+from elmo_cli.distributed import Dist, all_gather_rows, init_distributed
 from elmo_cli.evaluate import evaluate
 from elmo_cli import compiled
 from elmo_cli.graphed import StepStacks, reason_not
@@ -601,13 +601,22 @@ class _TrainState:
         tc, B = config.training, config.training.batch_size
         self.V = len(dataset.vocab)
         torch.manual_seed(tc.seed)
-        # DDP cannot all-reduce sparse gradients and Adam(W) cannot take them: then the softmax gradient is dense.
-        sparse = tc.sparse_softmax and not ddp.enabled and tc.optimizer == "adagrad"
+        # Adam(W) cannot take sparse gradients: then the softmax gradient is dense.
+        sparse = tc.sparse_softmax and tc.optimizer == "adagrad"
         self.model = model = BiLM(config.model, vocab_size=self.V, dropout=tc.dropout, sparse_softmax=sparse)
         self.notes = init_from_model(model, init_from, dataset.encoder, reset_softmax) \
             if init_from is not None and not list_checkpoints(run_dir) else []
         model.to(device)
         loss = BiLMLoss(model)
+        self.distributed = ddp.enabled
+        if ddp.enabled and sparse:
+            # DDP would all-reduce the whole softmax's gradient; the step all-gathers the rows it touched instead
+            # (`_Trainer.step`, `distributed.all_gather_rows`), so DDP leaves the softmax alone, and its starting
+            # weights are rank 0's, as DDP makes the others'.
+            nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                loss, ["bilm.softmax.weight", "bilm.softmax.bias"])
+            for param in (model.softmax.weight, model.softmax.bias):
+                dist.broadcast(param.data, 0)
         self.wrapped: nn.Module = nn.parallel.DistributedDataParallel(
             loss, device_ids=[device.index] if device.type == "cuda" else None) if ddp.enabled else loss
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -624,7 +633,7 @@ class _TrainState:
         torch.manual_seed(tc.seed * 7919 + ddp.rank)  # dropout
         self.states: tuple = (None, None)
         # On a GPU the LSTM stacks replay as CUDA graphs (elmo_cli.graphed); None: the eager step (`BiLM.lm_hidden`).
-        self.graphs_off = reason_not(device, tc.cuda_graphs, ddp.enabled)
+        self.graphs_off = reason_not(device, tc.cuda_graphs)
         self.stacks = StepStacks(model, self.notes.append) if self.graphs_off is None else None
         # On a GPU: each LSTM step's elementwise work in one compiled kernel (elmo_cli.compiled.fuse_gpu_cells).
         if device.type == "cuda":
@@ -641,9 +650,10 @@ class _TrainState:
         """Whether a step queues all its work before reading a result (on a GPU; `elmo_cli.row_updates`): the
         losses and gradient norm read once at its end, the clip's scale computed on the device, and the sparse
         softmax updated from its gathered rows (`SharedSoftmax.row_grads`, `row_updates.adagrad_rows_`) instead
-        of a sparse gradient. The same arithmetic either way; a CPU step reads as it goes (nothing waits there)."""
+        of a sparse gradient. The same arithmetic either way; a CPU step reads as it goes (nothing waits there).
+        Under torchrun the sparse softmax is always updated from its rows, every process's gathered together."""
         self.queued = on
-        self.model.softmax.row_grads = on and self.model.softmax.sparse
+        self.model.softmax.row_grads = (on or self.distributed) and self.model.softmax.sparse
 
     @property
     def result_model(self) -> BiLM:
@@ -833,6 +843,19 @@ class _Trainer:
         sampler.set_state(sampler_state)
         return sampler, data
 
+    def _softmax_rows(self) -> list[tuple[nn.Parameter, row_updates.RowGrads]]:
+        """The softmax's weight and bias gradients as the rows the step gathered (`SharedSoftmax.row_grads`),
+        summed per id; under torchrun, every process's rows (`distributed.all_gather_rows`), averaged."""
+        softmax = self.state.model.softmax
+        ids, w_rows, b_rows = softmax.gathered
+        softmax.gathered = None
+        grads = torch.cat([w_rows.grad, b_rows.grad.unsqueeze(1)], dim=1)  # (M, P + 1)
+        if self.ddp.enabled:
+            ids, grads = all_gather_rows(ids, grads, self.ddp.world_size)
+        both = row_updates.summed_rows(ids, grads)
+        return [(softmax.weight, dataclasses.replace(both, summed=both.summed[:, :-1])),
+                (softmax.bias, dataclasses.replace(both, summed=both.summed[:, -1]))]
+
     def step(self) -> tuple[float, float, float, int, float]:
         """One optimizer step at the scheduled learning rate.
 
@@ -876,16 +899,13 @@ class _Trainer:
                    f"the eager step runs"
             (self._note if self.run_dir is not None else state.notes.append)(note)
             f_loss, b_loss, new_states = forward_backward()
-        if queued:
-            softmax = state.model.softmax
-            rows = []
-            if softmax.row_grads:
-                ids, w_rows, b_rows = softmax.gathered
-                softmax.gathered = None
-                rows = [(softmax.weight, row_updates.summed_rows(ids, w_rows.grad)),
-                        (softmax.bias, row_updates.summed_rows(ids, b_rows.grad))]
+        rows = self._softmax_rows() if state.model.softmax.row_grads else []
+        if queued or rows:
             dense = [p.grad for p in state.params if p.grad is not None]
             norm = row_updates.clip_(dense, [r.summed for _, r in rows], tc.clip_norm)
+            if not queued:
+                grad_norm = float(norm)
+                _check_finite("gradient norm", grad_norm, run.step, self.last_checkpoint)
             state.optimizer.step()
             for param, r in rows:
                 row_updates.adagrad_rows_(state.optimizer, param, r)

@@ -347,3 +347,36 @@ def test_a_queued_step_waits_for_the_gpu_once(shards):
     sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
                     if "synchroniz" in str(w.message) and str(Path(w.filename).resolve()).startswith(project))
     assert sum(sites.values()) == 3 and len(sites) == 1 and next(iter(sites)).startswith("train.py:"), sites
+
+
+def test_a_torchrun_process_steps_as_the_single_gpu_default(shards):
+    """A torchrun process on a GPU (DistributedDataParallel over NCCL, here a world of one) runs the single-GPU
+    default step: the LSTM stacks replayed as CUDA graphs, DDP's hooks all-reducing their gradients outside them,
+    and the sparse softmax updated from the all-gathered rows. Its 20 losses (fp32) are the default's within 1e-5."""
+    import torch.distributed as dist
+
+    from elmo_cli.distributed import Dist
+    from elmo_cli.train import _Trainer, _TrainState
+    from vocab.shards import ShardDataset
+
+    class WorldOfOne(Dist):
+        @property
+        def enabled(self) -> bool:  # wrapped and gathered as a process of a larger job would be
+            return True
+
+    _, train_dir, _ = shards
+    dataset, config = ShardDataset(train_dir), tiny_config(device="cuda", dropout=0.0)
+    single = _Trainer.bare(config, dataset)
+    expected = [single.step()[:2] for _ in range(20)]
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        job = _Trainer.bare(config, dataset)
+        job.ddp = WorldOfOne()
+        job.state = _TrainState(job.config, dataset, job.ddp, job.device, None, None, False)
+        assert isinstance(job.state.wrapped, torch.nn.parallel.DistributedDataParallel)
+        assert job.state.stacks is not None and job.state.model.softmax.row_grads
+        got = [job.step()[:2] for _ in range(20)]
+        assert job.state.stacks.graphed is not None and not job.state.stacks.failed
+    finally:
+        dist.destroy_process_group()
+    assert max(abs(a - b) for x, y in zip(expected, got) for a, b in zip(x, y)) <= 1e-5

@@ -574,3 +574,24 @@ def test_queued_step_resumes_exactly_with_its_next_inputs_made_ahead(shards, tmp
     train(tiny_config(max_steps=20, checkpoint_every=7), train_dir, tmp_path / "c")
     c = load_checkpoint(latest_checkpoint(tmp_path / "c"))
     assert torch.equal(unqueued["ranks"][0]["data"], c["ranks"][0]["data"])  # the same position either way
+
+
+def test_torchrun_processes_make_the_same_update_with_the_sparse_softmax(shards, tmp_path):
+    """Under torchrun the sparse softmax is left out of DistributedDataParallel and updated from every process's
+    gathered rows (`distributed.all_gather_rows`): after steps with dropout and clipping, both processes hold the
+    same weights and Adagrad sums to the bit, softmax included, though each trained on its own rows."""
+    import torch.multiprocessing as mp
+
+    from train_fixtures import two_process_steps
+
+    _, train_dir, _ = shards
+    mp.spawn(two_process_steps, args=(2, str(tmp_path / "init"), str(train_dir), str(tmp_path), 3), nprocs=2)
+    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert a["ddp"] == "DistributedDataParallel"
+    assert a["losses"] != b["losses"]  # their own rows, negatives and dropout
+    assert a["params"].keys() == b["params"].keys() and "softmax.weight" in a["params"]
+    for name in a["params"]:
+        assert torch.equal(a["params"][name], b["params"][name]), name
+        assert torch.equal(a["sums"][name], b["sums"][name]), name
+    # the softmax was trained by the rows: its Adagrad sums grew
+    assert bool((a["sums"]["softmax.weight"] > tiny_config().training.initial_accumulator).any())
