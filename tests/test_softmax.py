@@ -5,7 +5,10 @@ import math
 
 import numpy as np
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from benchmarks.bench_inputs import resorting_sample
 from elmo_cli.model.softmax import SharedSoftmax, expected_counts, log_uniform_sample
 
 
@@ -92,3 +95,20 @@ def test_both_directions_in_one_lookup_give_each_directions_loss_and_gradients()
     sum(separate).backward()
     torch.testing.assert_close(one.weight.grad, apart.weight.grad)
     torch.testing.assert_close(one.bias.grad, apart.bias.grad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), vocab=st.integers(2, 6000), seed=st.integers(0, 2**31 - 1))
+@example(n=8192, vocab=15_682, seed=0)  # many chunks: 44,012 draws
+@example(n=2900, vocab=3000, seed=1)
+def test_the_sampler_draws_what_resorting_every_draw_drew(n, vocab, seed):
+    """The same ids in the same order and the same draw count as the sampler that re-sorted all its draws at every
+    chunk (until 2026-12-05; `benchmarks/bench_inputs.py` times the two), from the same generator, which is left in
+    the same state (a resumed run draws on from it)."""
+    mine, ref = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    ids, tries = log_uniform_sample(n, vocab, mine)
+    ref_ids, ref_tries = resorting_sample(n, vocab, ref)
+    assert torch.equal(ids, ref_ids) and tries == ref_tries
+    assert torch.equal(mine.get_state(), ref.get_state())
+    if n < vocab:
+        assert len(set(ids.tolist())) == n and 0 <= int(ids.min()) and int(ids.max()) < vocab

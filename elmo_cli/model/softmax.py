@@ -23,6 +23,11 @@ def log_uniform_probs(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def log_uniform_sample(n: int, vocab_size: int, generator: torch.Generator) -> tuple[torch.Tensor, int]:
     """Draw ``n`` distinct ids from the log-uniform law by rejection, as TF's unique candidate sampler.
 
+    The draws come in chunks of ``max(2n, 1024)`` uniforms from `generator`; each chunk's ids not seen in an earlier
+    chunk are kept in order of first draw until there are ``n``. (Each chunk is compared with a mask of the ids seen,
+    not the whole history made unique again: 8,192 negatives from 15,682 words take about 44,000 draws, and
+    re-sorting them all at each chunk took twice the time; `benchmarks/bench_inputs.py`.)
+
     # Returns
     ids, shape `(n,)` int64, in order of first draw; and the number of draws it took (for the expected counts).
     When ``n >= vocab_size`` every id is returned once and the draw count is reported as infinite (-1).
@@ -30,17 +35,28 @@ def log_uniform_sample(n: int, vocab_size: int, generator: torch.Generator) -> t
     if n >= vocab_size:
         return torch.arange(vocab_size), -1
     log_range = math.log(vocab_size + 1.0)
-    draws: list[np.ndarray] = []
     chunk = max(2 * n, 1024)
+    seen: np.ndarray | None = None  # made when a second chunk is needed (a large vocabulary seldom needs one)
+    kept: list[np.ndarray] = []
+    count = drawn = 0
     while True:
         u = torch.rand(chunk, generator=generator, dtype=torch.float64).numpy()
         # Inverse CDF of the log-uniform law: floor(exp(u * log(V+1))) - 1 in [0, V).
-        draws.append(np.minimum(np.floor(np.exp(u * log_range)).astype(np.int64) - 1, vocab_size - 1))
-        all_draws = np.concatenate(draws)
-        _, first = np.unique(all_draws, return_index=True)
-        if len(first) >= n:
-            first.sort()
-            return torch.from_numpy(all_draws[first[:n]].copy()), int(first[n - 1]) + 1
+        draws = np.minimum(np.floor(np.exp(u * log_range)).astype(np.int64) - 1, vocab_size - 1)
+        ids, first = np.unique(draws, return_index=True)  # this chunk's distinct ids, where each came first
+        if seen is not None:
+            new = ~seen[ids]
+            ids, first = ids[new], first[new]
+        order = np.argsort(first)  # the positions are distinct: any sort gives the order of first draw
+        ids, first = ids[order], first[order]
+        if count + len(ids) >= n:
+            kept.append(ids[:n - count])
+            return torch.from_numpy(np.concatenate(kept)), drawn + int(first[n - count - 1]) + 1
+        if seen is None:
+            seen = np.zeros(vocab_size, dtype=bool)
+        seen[ids] = True
+        kept.append(ids)
+        count, drawn = count + len(ids), drawn + chunk
 
 
 def expected_counts(ids: torch.Tensor, vocab_size: int, num_tries: int) -> torch.Tensor:
