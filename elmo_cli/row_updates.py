@@ -13,7 +13,9 @@ lets the step's second half run without one:
   checkpoint is the same either way);
 - `clip_` : the global-norm clip (TF's ``clip_by_global_norm``) with the norm and the scale left on the device.
 
-The step reads its losses and norm once, at its end (`elmo_cli.train._Trainer.step`).
+The step reads its losses and norm once, at its end (`elmo_cli.train._Trainer.step`). Under torchrun, on a GPU or a
+CPU, the sparse softmax is always updated this way, from every process's rows (`distributed.all_gather_rows`):
+DistributedDataParallel could only all-reduce the whole softmax's gradient.
 """
 from __future__ import annotations
 
