@@ -56,6 +56,7 @@ from benchmarks.bench_train import flops_per_token, run_preset
 from benchmarks.results import Recording
 from elmo_cli import auto
 from elmo_cli.bilm_format import save_model_dir
+from elmo_cli.distributed import Dist
 from elmo_cli.dump import dump_embeddings
 from elmo_cli.embed import Embedder
 from elmo_cli.loading import load_model
@@ -314,6 +315,15 @@ def step_profile(shards: Path, preset: str = "original", dtype: str = "bf16", ba
             "top_kernels_ms_per_step": [[n, round(t / 1e3 / steps, 3), c // steps] for n, (t, c) in top]}
 
 
+class OneProcessJob(Dist):
+    """A torchrun job of one process (a process group of one already joined), wrapped and gathered as a process of
+    a larger job would be."""
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
 def ddp_rates(shards: Path, preset: str = "original", dtype: str = "bf16", batch: int = 128,
               seconds: float = 3.0) -> dict:
     """What a torchrun process's step costs on one GPU: training tokens/s of one process wrapped in
@@ -323,14 +333,8 @@ def ddp_rates(shards: Path, preset: str = "original", dtype: str = "bf16", batch
     before 2026-12-05 (no graphs, the softmax's gradient dense and all-reduced by DDP). What it cannot measure: the
     collectives' time across GPUs (NCCL over NVLink or a network) and their overlap with the backward pass there."""
     import torch.distributed as dist
-    from elmo_cli.distributed import Dist
     from elmo_cli.presets import load_config
-    from elmo_cli.train import _Trainer, _TrainState, _training_process, open_shards
-
-    class OneProcessJob(Dist):
-        @property
-        def enabled(self) -> bool:  # a world of one, wrapped as a torchrun process of a larger one would be
-            return True
+    from elmo_cli.train import _Trainer, _training_process, open_shards
 
     data = open_shards(shards)
     base = load_config(None, preset).with_training(batch_size=batch, device="cuda", dtype=dtype)
@@ -341,11 +345,8 @@ def ddp_rates(shards: Path, preset: str = "original", dtype: str = "bf16", batch
         for key, cfg, wrapped in (("single_gpu_default", base, False), ("ddp_one_process", base, True),
                                   ("ddp_before", before, True)):
             with _training_process(cfg.training.threads):
-                trainer = _Trainer.bare(cfg, data)
-                if wrapped:
-                    trainer.ddp, trainer.device = OneProcessJob(), torch.device("cuda", torch.cuda.current_device())
-                    trainer.state = _TrainState(trainer.config, data, trainer.ddp, trainer.device, None, None, False)
-                    assert isinstance(trainer.state.wrapped, torch.nn.parallel.DistributedDataParallel)
+                trainer = _Trainer.bare(cfg, data, OneProcessJob() if wrapped else Dist())
+                assert isinstance(trainer.state.wrapped, torch.nn.parallel.DistributedDataParallel) == wrapped
                 trainer.state.total_steps = 1_000_000
                 for _ in range(3):
                     trainer.step()

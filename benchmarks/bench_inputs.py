@@ -92,6 +92,7 @@ def inputs_times(corpus: str, out: Path, repeats: int, calls: int = 10) -> dict:
     """Milliseconds per `_Trainer._inputs` of `original` at 128 rows on the corpus's shards, with each sampler."""
     from benchmarks.corpora import prepare
     from elmo_cli.presets import load_config
+    import elmo_cli.train as train_module
     from elmo_cli.train import _Trainer, open_shards
 
     prepare(corpus, out / corpus)
@@ -100,8 +101,7 @@ def inputs_times(corpus: str, out: Path, repeats: int, calls: int = 10) -> dict:
     trainer = _Trainer.bare(config, data)
     negatives = trainer.tc.n_negative_samples
     times: dict[str, list[float]] = {k: [] for k in SAMPLERS}
-    plain = softmax_module.log_uniform_sample
-    import elmo_cli.train as train_module
+    plain = train_module.log_uniform_sample
     try:
         for r in range(repeats + 1):
             for name, sample in SAMPLERS.items():

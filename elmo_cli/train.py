@@ -735,11 +735,14 @@ class _Trainer:
         self.start = time.monotonic()
 
     @classmethod
-    def bare(cls, config: RunConfig, dataset: ShardDataset) -> "_Trainer":
-        """A trainer of one process that writes nothing (no run directory, no validation): for timing steps."""
+    def bare(cls, config: RunConfig, dataset: ShardDataset, ddp: Dist = Dist()) -> "_Trainer":
+        """A trainer that writes nothing (no run directory, no validation): for timing steps. `ddp`: its place in a
+        process group already joined (by default one process, unwrapped); on a GPU it takes the current one."""
         self = cls.__new__(cls)
         self.tc, self.run_dir, self.dataset, self.vdataset = config.training, None, dataset, None
-        self.ddp, self.device = Dist(), resolve_device(config.training.device)
+        self.ddp, self.device = ddp, resolve_device(config.training.device)
+        if ddp.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())  # DDP's device_ids need its index
         self.autocast = torch.bfloat16 if config.training.dtype == "bf16" else None
         self.config = fit_to_data(config, dataset)
         self.state = _TrainState(self.config, dataset, self.ddp, self.device, None, None, False)

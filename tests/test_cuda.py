@@ -355,14 +355,9 @@ def test_a_torchrun_process_steps_as_the_single_gpu_default(shards):
     and the sparse softmax updated from the all-gathered rows. Its 20 losses (fp32) are the default's within 1e-5."""
     import torch.distributed as dist
 
-    from elmo_cli.distributed import Dist
-    from elmo_cli.train import _Trainer, _TrainState
+    from benchmarks.bench_gpu import OneProcessJob
+    from elmo_cli.train import _Trainer
     from vocab.shards import ShardDataset
-
-    class WorldOfOne(Dist):
-        @property
-        def enabled(self) -> bool:  # wrapped and gathered as a process of a larger job would be
-            return True
 
     _, train_dir, _ = shards
     dataset, config = ShardDataset(train_dir), tiny_config(device="cuda", dropout=0.0)
@@ -370,9 +365,7 @@ def test_a_torchrun_process_steps_as_the_single_gpu_default(shards):
     expected = [single.step()[:2] for _ in range(20)]
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        job = _Trainer.bare(config, dataset)
-        job.ddp = WorldOfOne()
-        job.state = _TrainState(job.config, dataset, job.ddp, job.device, None, None, False)
+        job = _Trainer.bare(config, dataset, OneProcessJob())
         assert isinstance(job.state.wrapped, torch.nn.parallel.DistributedDataParallel)
         assert job.state.stacks is not None and job.state.model.softmax.row_grads
         got = [job.step()[:2] for _ in range(20)]

@@ -52,16 +52,14 @@ def two_process_steps(rank: int, world: int, init_file: str, train_dir: str, out
     import torch
     import torch.distributed as dist
     from elmo_cli.distributed import Dist
-    from elmo_cli.train import _Trainer, _TrainState
+    from elmo_cli.train import _Trainer
     from vocab.shards import ShardDataset
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         dataset = ShardDataset(Path(train_dir))
-        trainer = _Trainer.bare(tiny_config(dropout=0.3, clip_norm=1.0), dataset)
-        trainer.ddp = Dist(rank, world, rank)
-        trainer.state = _TrainState(trainer.config, dataset, trainer.ddp, trainer.device, None, None, False)
+        trainer = _Trainer.bare(tiny_config(dropout=0.3, clip_norm=1.0), dataset, Dist(rank, world, rank))
         trainer.state.total_steps = steps
         losses = [trainer.step()[:3] for _ in range(steps)]
         model = trainer.state.model
