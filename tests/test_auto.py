@@ -632,6 +632,27 @@ def test_the_benchmark_splits_verses_into_words_and_holds_out_every_tenth_chapte
                        "And God said , Let there be light : and there was light .", "It's 20 ."]
 
 
+def test_the_sword_bibles_are_read_a_verse_a_line_without_their_markup_and_every_tenth_chapter_held_out():
+    from benchmarks.corpora import split_sword_verses
+
+    lines = ["Genesis 1:1: <w>In</w> <w>the</w> <w>beginning</w>, <w>God</w><w>created</w> <w>the</w> "
+             "<w>earth</w>.<milestone type=\"line\"/>",
+             "Genesis 1:2: ¿Quién <w>dijo</w>: <w>“Sea</w> la luz”? <H0430>Dios<note n=\"a\">a footnote</note>."]
+    lines += [f"A Psalm by David.  Psalms {c}:1: <w>Yahweh</w> is my shepherd’s; 3.5" for c in range(2, 10)]
+    lines += ['<title canonical="true" type="psalm">A praise psalm by David.</title> <lg sID="x"/> <l level="1"/>'
+              "Esther (Greek) 4:6: <w>It</w> rained.", "I Samuel 3:2: It rained.",
+              "Song of Solomon 1:1: Amen.            The following words used in the glossary ...",
+              "(engWEB2015eb)"]
+    train, heldout = [], []
+    split_sword_verses("\n".join(lines) + "\n", train, heldout)
+    assert train[:3] == ["In the beginning , God created the earth .",
+                         "¿ Quién dijo : “ Sea la luz ” ? Dios .",
+                         "Yahweh is my shepherd’s ; 3 . 5"]
+    assert heldout == ["It rained ."]  # the 10th chapter: Esther (Greek) 4, its title dropped
+    assert train[-2:] == ["It rained .", "Amen ."]  # I Samuel 3; the Song's verse without the back matter
+    assert len(train) == 12
+
+
 def test_the_held_out_addresses_are_split_into_sentences_and_every_tenth_address_held_out():
     from benchmarks.corpora import sentences, split_addresses
 
@@ -656,6 +677,15 @@ def test_a_held_out_tarball_that_is_missing_or_not_the_measured_one_is_refused(t
     (tmp_path / "chinese-poetry-2.0.1.tgz").write_bytes(b"not the package")
     with pytest.raises(corpora.MissingCorpus, match=r"is not chinese-poetry@2.0.1 as measured .*run `make corpora`"):
         corpora.split("tang")
+
+
+def test_a_sword_bible_not_installed_is_refused_with_the_command_that_fetches_it(monkeypatch):
+    from benchmarks import corpora
+
+    monkeypatch.setattr(corpora.shutil, "which", lambda name: None)
+    with pytest.raises(corpora.MissingCorpus, match=r"^the SWORD module spaRV1909eb is not on this machine .*"
+                       r"`apt-get install sword-text-web sword-text-sparv diatheke`\)$"):
+        corpora.split("rv1909")
 
 
 def test_the_tang_poems_are_read_in_file_order_and_every_third_kept(tmp_path):
