@@ -89,14 +89,21 @@ def _kjv(train: list[str], heldout: list[str]) -> None:
 
 def split_verses(text: str, train: list[str], heldout: list[str]) -> None:
     """``Ge1:1 In the beginning ...`` lines: each verse's words and punctuation; every 10th chapter held out."""
+    matches = (KJV_REFERENCE.match(line) for line in text.splitlines())
+    hold_out_chapters((((m.group(1), m.group(2)), " ".join(WORDS.findall(m.group(4)))) for m in matches if m),
+                      train, heldout)
+
+
+def hold_out_chapters(verses, train: list[str], heldout: list[str]) -> None:
+    """``((book, chapter), line or None)`` in the text's order: each line to `heldout` where its chapter is every
+    10th of the text (counted from 1, a chapter at each change of key), else to `train`; a None is counted, not
+    kept."""
     chapter, last = 0, None
-    for line in text.splitlines():
-        m = KJV_REFERENCE.match(line)
-        if m is None:
-            continue
-        if (m.group(1), m.group(2)) != last:
-            chapter, last = chapter + 1, (m.group(1), m.group(2))
-        (heldout if chapter % HOLD_OUT_EVERY == 0 else train).append(" ".join(WORDS.findall(m.group(4))))
+    for key, line in verses:
+        if key != last:
+            chapter, last = chapter + 1, key
+        if line is not None:
+            (heldout if chapter % HOLD_OUT_EVERY == 0 else train).append(line)
 
 
 SWORD_FETCH = "apt-get install sword-text-web sword-text-sparv diatheke"
@@ -135,17 +142,15 @@ def split_sword_verses(text: str, train: list[str], heldout: list[str]) -> None:
     """diatheke's OSIS lines, a verse each (``Book C:V: <w>In</w> <w>the</w> ...``): each verse's words and
     punctuation (`LETTERS`), without its markup, titles, notes and Strong's numbers, and without the back matter
     the module prints after its last verse; every 10th chapter held out, as `split_verses`."""
-    chapter, last = 0, None
-    for line in text.splitlines():
-        plain = TAG.sub("", MARKUP_DROPPED.sub(" ", line.replace("</w><w", "</w> <w")))
-        m = SWORD_REFERENCE.search(plain)
-        if m is None:  # the module's name, which ends the output
-            continue
-        if (m.group(1), m.group(2)) != last:
-            chapter, last = chapter + 1, (m.group(1), m.group(2))
-        words = LETTERS.findall(BACK_MATTER.split(plain[m.end():], 1)[0])
-        if words:
-            (heldout if chapter % HOLD_OUT_EVERY == 0 else train).append(" ".join(words))
+    def verses():
+        for line in text.splitlines():
+            plain = TAG.sub("", MARKUP_DROPPED.sub(" ", line.replace("</w><w", "</w> <w")))
+            m = SWORD_REFERENCE.search(plain)
+            if m is not None:  # not the module's name, which ends the output
+                words = LETTERS.findall(BACK_MATTER.split(plain[m.end():], 1)[0])
+                yield (m.group(1), m.group(2)), " ".join(words) if words else None
+
+    hold_out_chapters(verses(), train, heldout)
 
 
 FETCHED = ROOT / "bench-out" / "corpora"  # where `make corpora` puts the npm tarballs
