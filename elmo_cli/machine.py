@@ -46,11 +46,28 @@ def cxx_compiler(environ=os.environ) -> str | None:
 
 # ---- bf16: the one place that says whether this machine multiplies bf16 natively ---------------------------------
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 instructions that multiply bf16 matrices natively
+# torch's bf16 products on a CPU are oneDNN's, and oneDNN uses no instruction above the cap its variable names (the
+# older name second). The caps below AVX512_CORE_BF16 leave it no bf16 dot product: on 2 Zen 5 cores held to AVX2,
+# `auto`'s bf16 probes trained 512/128 at 484 tokens/s against fp32's 6,153 (docs/auto.md, the WEB held to AVX2).
+ONEDNN_ISA_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 
-def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
-    """Whether the CPU multiplies bf16 natively (an x86 ``flags`` line of /proc/cpuinfo naming AVX512-BF16 or
-    AMX-BF16); None where that cannot be read (not Linux, or no flags line). ``cpuinfo``: that file's text."""
+def onednn_bf16_cap(environ=None) -> str | None:
+    """``VARIABLE=VALUE`` where the environment caps oneDNN's instructions below bf16 ones (e.g.
+    ``ONEDNN_MAX_CPU_ISA=AVX2``), so that a CPU with them emulates bf16 products; None where nothing does."""
+    environ = os.environ if environ is None else environ
+    for name in ONEDNN_ISA_VARS:
+        value = environ.get(name, "").strip()
+        if value:  # oneDNN reads the first one set
+            return f"{name}={value}" if value.upper() in ONEDNN_ISAS_WITHOUT_BF16 else None
+    return None
+
+
+def cpu_has_bf16(cpuinfo: str | None = None, environ=None) -> bool | None:
+    """Whether this process multiplies bf16 natively on the CPU: an x86 ``flags`` line of /proc/cpuinfo naming
+    AVX512-BF16 or AMX-BF16, and no `onednn_bf16_cap` in `environ` (default: this process's); None where the flags
+    cannot be read (not Linux, or no flags line). ``cpuinfo``: that file's text."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -58,7 +75,9 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
             return None
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
                   if line.startswith("flags") and ":" in line), None)
-    return None if flags is None else any(f in flags for f in BF16_CPU_FLAGS)
+    if flags is None:
+        return None
+    return any(f in flags for f in BF16_CPU_FLAGS) and onednn_bf16_cap(environ) is None
 
 
 def cpu_bf16() -> bool:
@@ -83,6 +102,10 @@ def bf16_problem(device) -> str | None:
     if device.type == "cuda":
         return None if torch.cuda.is_bf16_supported() else f"{device} has no bf16 support"
     if cpu_has_bf16() is False:
+        cap = onednn_bf16_cap()
+        if cap and cpu_has_bf16(None, {}):  # the CPU has them; the environment holds oneDNN below them
+            return (f"{cap} holds oneDNN below this CPU's bf16 matrix instructions, so torch emulates them, "
+                    "slower than fp32")
         return ("this CPU has no bf16 matrix instructions (AVX512-BF16 or AMX in /proc/cpuinfo), so torch emulates "
                 "them, slower than fp32")
     return None

@@ -123,6 +123,32 @@ def test_cpu_bf16_detection_reads_the_flags_line():
     assert cpu_has_bf16("Processor\t: ARMv8\n") is None  # no flags line: unknown
 
 
+def test_a_onednn_cap_below_bf16_means_no_native_bf16(monkeypatch):
+    """A CPU with AVX512-BF16 whose oneDNN is held to AVX2 (ONEDNN_MAX_CPU_ISA) emulates bf16: `auto` must not
+    probe it and a bf16 dump must refuse, naming the variable."""
+    import torch
+
+    from elmo_cli import machine
+
+    zen5 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    assert machine.cpu_has_bf16(zen5, {}) is True
+    assert machine.cpu_has_bf16(zen5, {"ONEDNN_MAX_CPU_ISA": "avx2"}) is False
+    assert machine.cpu_has_bf16(zen5, {"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"}) is False
+    assert machine.cpu_has_bf16(zen5, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) is True
+    assert machine.cpu_has_bf16(zen5, {"ONEDNN_MAX_CPU_ISA": "ALL", "DNNL_MAX_CPU_ISA": "AVX2"}) is True
+    assert machine.onednn_bf16_cap({"ONEDNN_MAX_CPU_ISA": "AVX2"}) == "ONEDNN_MAX_CPU_ISA=AVX2"
+    assert machine.onednn_bf16_cap({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}) is None
+
+    real = machine.cpu_has_bf16
+    monkeypatch.setattr(machine, "cpu_has_bf16", lambda cpuinfo=None, environ=None: real(cpuinfo or zen5, environ))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    problem = machine.bf16_problem(torch.device("cpu"))
+    assert problem.startswith("ONEDNN_MAX_CPU_ISA=AVX2 holds oneDNN below this CPU's bf16 matrix instructions")
+    assert machine.cpu_bf16() is False
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert machine.bf16_problem(torch.device("cpu")) is None and machine.cpu_bf16() is True
+
+
 def test_bf16_on_a_cpu_without_bf16_instructions(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
