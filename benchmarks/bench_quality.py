@@ -11,6 +11,7 @@ training text: biLM/KN5, set beside the target for that preset and budget (`TARG
     python -m benchmarks.bench_quality [--corpus austen ...] [--preset auto laptop] [--minutes 60 ...]
                                        [--out DIR] [--threads 2] [--rows 32 64 ...] [--dropout 0.1 ...]
                                        [--lr 0.006 ...] [--weight-decay 0 ...] [--shape 1024/256 ...]
+                                       [--epochs preset 200 ...]
 
 `make bench-quality` runs the 60-minute column: austen-0.2M, austen, kjv and austen+kjv, auto and laptop (eight runs
 of up to an hour, the two on austen-0.2M ending at their pass caps sooner, and the probes, splits and Kneser-Ney
@@ -57,7 +58,7 @@ def target_for(record: dict) -> float | None:
 
 # What a run may be asked over its preset's choice: the record's key, the `train` flag, the run directory's suffix.
 ASKED = {"rows": ("--batch-size", "{:g}rows"), "dropout": ("--dropout", "dropout{:g}"), "lr": ("--lr", "lr{:g}"),
-         "weight_decay": ("--weight-decay", "wd{:g}"), "shape": ("--config", "{}")}
+         "weight_decay": ("--weight-decay", "wd{:g}"), "shape": ("--config", "{}"), "epochs": ("--epochs", "{:g}ep")}
 
 
 def shape_config(shape: str, run_dir: Path) -> Path:
@@ -84,9 +85,9 @@ def asked_key(record: dict) -> tuple:
 
 def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: Path,
         **asked: float | str | None) -> dict:
-    """One training run, with each of `asked` (rows, dropout, lr, weight decay, model shape; see `ASKED`) given to
-    `train` over the preset's choice where not None; returns its record (best validation over KN5, the auto line,
-    speed, and `asked_rows`, `asked_dropout`, `asked_lr`, `asked_weight_decay`, `asked_shape` where given)."""
+    """One training run, with each of `asked` (rows, dropout, lr, weight decay, model shape, epochs; see `ASKED`)
+    given to `train` over the preset's choice where not None; returns its record (best validation over KN5, the auto
+    line, speed, and `asked_rows`, `asked_dropout`, ... `asked_epochs` where given)."""
     asked = {k: v for k, v in asked.items() if v is not None}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     suffix = "".join("-" + _suffix(k, v) for k, v in asked.items())
@@ -153,6 +154,19 @@ def table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def epochs_asked(text: str) -> float | None:
+    """`--epochs`' values: a positive number of epochs, or `preset` (None: the preset's own run length)."""
+    if text == "preset":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a positive number of epochs nor `preset`")
+    return value
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPORA), choices=CORPORA)
@@ -172,6 +186,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--shape", nargs="+", default=[None], choices=[None, *MODEL_SHAPES],
                         help="model shape to train each preset at, e.g. 1024/256 (over auto's choice; auto's dropout "
                              "stays the one it chose for its own shape unless --dropout is given); default the preset's")
+    parser.add_argument("--epochs", nargs="+", type=epochs_asked, default=[None],
+                        help="epochs to train each preset for, `preset` for the preset's own run length: with the "
+                             "time budget, past the passes the clock allows the schedule follows the clock, so "
+                             "`--epochs preset 200` sets auto's pass cap (rule 5) beside no cap; default the preset's")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     results = args.out / RESULTS
@@ -190,7 +208,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for corpus, info in infos.items():
             data = args.out / "data" / corpus
             for minutes, preset, *values in itertools.product(args.minutes, args.preset, args.rows, args.dropout,
-                                                              args.lr, args.weight_decay, args.shape):
+                                                              args.lr, args.weight_decay, args.shape,
+                                                              args.epochs):
                 asked = dict(zip(ASKED, values))
                 if any(asked_key(r) == (corpus, preset, minutes, *asked.values()) for r in done):
                     continue

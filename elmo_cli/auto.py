@@ -70,8 +70,10 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    expected were up to 17% over those the runs made (docs/auto.md).
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
-budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. The
-numbers in this file were measured; docs/auto.md has the runs behind them.
+budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. With
+both, the shape is the time budget's, the passes expected (and the dropout and decay that follow them) are the fewer
+of those asked for and those the clock allows, and the pass cap of 5. is the user's. The numbers in this file were
+measured; docs/auto.md has the runs behind them.
 """
 from __future__ import annotations
 
@@ -452,8 +454,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     every = cadence(shape, rate)
     budget_epochs = rate * trains / facts.train_tokens
     capped = not facts.epochs and budget_epochs > cap
-    epochs = facts.epochs or min(budget_epochs, cap)
-    dropout = dropout_for(facts.epochs or budget_epochs)  # a capped run keeps the dropout of its whole budget
+    # the passes the run will make: the cap's; with --epochs, those asked for, or the clock's where it ends first
+    epochs = min(budget_epochs, facts.epochs) if facts.epochs and facts.budget_seconds else \
+        facts.epochs or min(budget_epochs, cap)
+    dropout = dropout_for(epochs if facts.epochs else budget_epochs)  # a capped run keeps its whole budget's
     if shape is LADDER[0]:
         dropout = min(dropout, SMALLEST_MAX_DROPOUT)
     decay = WEIGHT_DECAY if epochs >= near and (shape is not LADDER[0]

@@ -1122,3 +1122,38 @@ def test_the_zen5_hour_that_beat_laptop_replays_to_the_smaller_shape_compiled_in
     assert "(compiled; eager fp32 5,787)" in choice.reason
     # by a narrow margin: 0.547 of the smaller shape's passes here (0.540 in the run's line, its probe's seconds out)
     assert choice.reason.endswith("; LSTM 1024/256 would get 15.0 (< 0.55 x LSTM 512/128's 27.4)"), choice.reason
+
+
+def test_the_benchmark_sets_auto_beside_a_run_without_its_pass_cap_by_epochs():
+    """`bench_quality --epochs preset 200`: the first run keeps the preset's run length (auto's pass cap), the second
+    is handed `train --epochs 200`, so that its schedule follows the clock; anything else is refused by name."""
+    import argparse
+    from benchmarks.bench_quality import ASKED, _flag_value, _suffix, epochs_asked
+
+    assert [epochs_asked(t) for t in ("preset", "200", "28.9")] == [None, 200.0, 28.9]
+    for bad in ("0", "-3", "many", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
+            epochs_asked(bad)
+    assert ASKED["epochs"][0] == "--epochs"
+    assert _flag_value("epochs", 200.0, Path("runs/x")) == "200" and _suffix("epochs", 200.0) == "200ep"
+
+
+
+def test_epochs_given_with_a_time_budget_lift_the_pass_cap_and_the_clock_ends_the_run(no_bf16):
+    """`train --preset auto --max-time 60m --epochs 200` (the benchmark's uncapped run): the shape is the time
+    budget's, the run is not capped at the corpus's passes, and the smallest shape keeps laptop's dropout."""
+    measure = rates({(SMALL.name, "fp32"): 9000.0, (LARGE.name, "fp32"): 2000.0})
+    capped = choose(facts(tokens=749_310, budget=3600), measure)
+    free = choose(facts(tokens=749_310, budget=3600, epochs=200.0), measure)
+    assert capped.shape == free.shape == SMALL.name
+    assert capped.config.training.epochs == auto.max_epochs(749_310) == 28.9  # 43.2 passes in the hour
+    assert "it stops after 28.9" in capped.reason and "stops after" not in free.reason
+    # the passes are the clock's, not the 200 asked for; the run's length is the flag's (laid over the choice)
+    assert free.expected_epochs == pytest.approx(9000 * 3600 / 749_310) and "= 43.2 passes over 0.75M" in free.reason
+    assert free.config.training.epochs > free.expected_epochs
+    assert capped.config.training.dropout == free.config.training.dropout == auto.SMALLEST_MAX_DROPOUT
+    assert capped.config.training.weight_decay == free.config.training.weight_decay == 0.0
+    # the larger shape's dropout follows the passes the clock allows (here 8.6: 0.3), not the 200 asked for (0.4)
+    large = choose(facts(tokens=749_310, budget=3600, epochs=200.0), rates({(SMALL.name, "fp32"): 2500.0,
+                                                                            (LARGE.name, "fp32"): 1800.0}))
+    assert large.shape == LARGE.name and large.config.training.dropout == 0.3
