@@ -454,10 +454,12 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     every = cadence(shape, rate)
     budget_epochs = rate * trains / facts.train_tokens
     capped = not facts.epochs and budget_epochs > cap
-    # the passes the run will make: the cap's; with --epochs, those asked for, or the clock's where it ends first
-    epochs = min(budget_epochs, facts.epochs) if facts.epochs and facts.budget_seconds else \
-        facts.epochs or min(budget_epochs, cap)
-    dropout = dropout_for(epochs if facts.epochs else budget_epochs)  # a capped run keeps its whole budget's
+    if facts.epochs:  # the passes asked for, or the clock's where it ends the run first; dropout follows them
+        epochs = min(facts.epochs, budget_epochs) if facts.budget_seconds else facts.epochs
+        dropout = dropout_for(epochs)
+    else:  # the budget's passes up to the cap; a capped run keeps the dropout of its whole budget
+        epochs = min(budget_epochs, cap)
+        dropout = dropout_for(budget_epochs)
     if shape is LADDER[0]:
         dropout = min(dropout, SMALLEST_MAX_DROPOUT)
     decay = WEIGHT_DECAY if epochs >= near and (shape is not LADDER[0]

@@ -1138,7 +1138,6 @@ def test_the_benchmark_sets_auto_beside_a_run_without_its_pass_cap_by_epochs():
     assert _flag_value("epochs", 200.0, Path("runs/x")) == "200" and _suffix("epochs", 200.0) == "200ep"
 
 
-
 def test_epochs_given_with_a_time_budget_lift_the_pass_cap_and_the_clock_ends_the_run(no_bf16):
     """`train --preset auto --max-time 60m --epochs 200` (the benchmark's uncapped run): the shape is the time
     budget's, the run is not capped at the corpus's passes, and the smallest shape keeps laptop's dropout."""
