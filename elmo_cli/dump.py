@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from elmo_cli import h5dump
-from elmo_cli.distributed import init_distributed, launched_world_size
+from elmo_cli.distributed import init_distributed, launched_world_size, leaves_process_group
 from elmo_cli.embed import ENCODER_CHUNK, TokenEmbeddings, compute_dtype_of, embed_batch, token_embeddings
 from elmo_cli.machine import bf16_problem, cpu_has_bf16
 from elmo_cli.inputs import count_lines, input_order_batches, length_sorted_batches
@@ -271,6 +271,7 @@ class _Window:
         self.states = tuple([(h[d, l], c[d, l]) for l in range(h.shape[1])] for d in range(2))
 
 
+@leaves_process_group()
 def dump_embeddings(loaded: LoadedModel, input_path: Path, output: Path, *,
                     layers: LayerSelection | str = "all", batch_size: int = 64, dtype: str = "float32",
                     compression: str = "none", stateful: bool = False, resume: bool = False, force: bool = False,
@@ -400,14 +401,11 @@ def _publish_dump(f, part: Path, output: Path, ddp, n_lines: int, index: dict | 
 
 
 def _sum_over_ranks(count: int, device: torch.device) -> int:
-    """A count summed over the torchrun processes (each embedded its share of the lines); the last collective of a
-    dump, so the process group is left here: a process that exits with gloo's threads still up aborts."""
+    """A count summed over the torchrun processes (each embedded its share of the lines)."""
     import torch.distributed as dist
 
     t = torch.tensor([count], dtype=torch.long, device=device)
     dist.all_reduce(t)
-    dist.barrier()
-    dist.destroy_process_group()
     return int(t.item())
 
 

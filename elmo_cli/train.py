@@ -34,7 +34,7 @@ from elmo_cli.model_files import ModelFiles
 from elmo_cli.checkpoint import (build_payload, latest_checkpoint, list_checkpoints, load_checkpoint, rank_state,
                                  restore_rank, save_checkpoint)
 from elmo_cli.data import LMBatch, SentenceStreams, steps_per_epoch
-from elmo_cli.distributed import Dist, all_gather_rows, init_distributed
+from elmo_cli.distributed import Dist, all_gather_rows, init_distributed, leaves_process_group
 from elmo_cli.evaluate import evaluate
 from elmo_cli import compiled
 from elmo_cli.graphed import StepStacks, reason_not
@@ -520,6 +520,7 @@ def _improved(best: dict | None, result: dict) -> bool:
 
 
 # ---- the entry point --------------------------------------------------------------------------------------------
+@leaves_process_group()
 def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: Path | None = None,
           resume: bool = False, init_from: "Path | ModelFiles | None" = None, reset_softmax: bool = False,
           on_step: Callable[[StepInfo], None] | None = None, chosen: dict | None = None) -> TrainResult:
@@ -552,13 +553,17 @@ def train(config: RunConfig, data_dir: Path, run_dir: Path, *, validation_dir: P
 
 @contextlib.contextmanager
 def _training_process(threads: int):
-    """The run's torch threads (restored after) and the one expected warning silenced."""
+    """The run's torch threads (restored after) and the expected warnings silenced."""
     saved = torch.get_num_threads()
     try:
         set_threads(threads or None)
         with warnings.catch_warnings():
             # torch warns that it skips invariant checks on the sparse softmax gradients Adagrad builds; expected.
             warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+            # Under torchrun, DistributedDataParallel warns that the width-1 filter bank's kernel `(1, E, n)` has
+            # a gradient whose stride on its size-one axis is not the parameter's: the same values in the same
+            # order, which it copies into its bucket (E x n floats) instead of taking as the bucket's view.
+            warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             yield
     finally:
         torch.set_num_threads(saved)

@@ -278,6 +278,7 @@ def test_torchrun_two_processes_gloo(shards, tmp_path):
          str(BIN / "elmo-cli"), "train", "--data", str(train_dir), "--output", str(run), "--config", str(config),
          "--max-steps", str(steps)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]  # nothing for the user to wonder about
     ckpt = load_checkpoint(latest_checkpoint(run))
     assert ckpt["step"] == steps and len(ckpt["ranks"]) == 2
     # each process read its own rows: rank 1's positions are not rank 0's
@@ -435,6 +436,43 @@ def test_torchrun_more_processes_than_gpus_is_one_clear_error(monkeypatch):
         with pytest.raises(ElmoError, match=r"torchrun started 2 processes on this machine, but torch sees 1 "
                                             r"GPU\(s\).*nproc-per-node"):
             init_distributed(torch.device("cuda"))
+
+
+def test_a_run_that_joined_the_process_group_leaves_it_and_one_joined_before_it_stays(shards, tmp_path,
+                                                                                       monkeypatch):
+    """`train` and `dump_embeddings` leave the group they joined when they return (a process that exits with
+    gloo's group up can abort after its work is done: `benchmarks.bench_teardown`); a group the caller joined
+    before them is the caller's to leave."""
+    import torch.distributed as dist
+    from elmo_cli import dump as dumping
+    from elmo_cli import train as training
+    from elmo_cli.distributed import Dist
+    from elmo_cli.dump import dump_embeddings
+
+    _, train_dir, _ = shards
+    joins = iter(range(3))
+
+    def joining(device):  # the run joins a group (of one process here, as torchrun's join would)
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'init{next(joins)}'}", rank=0,
+                                world_size=1)
+        return Dist(), device
+
+    monkeypatch.setattr(training, "init_distributed", joining)
+    monkeypatch.setattr(dumping, "init_distributed", joining)
+    train(tiny_config(max_steps=2), train_dir, tmp_path / "run")
+    assert not dist.is_initialized()
+    (tmp_path / "text.txt").write_text("the cat sees the river .\n", encoding="utf-8")
+    loaded = load_model(tmp_path / "run")
+    dump_embeddings(loaded, tmp_path / "text.txt", tmp_path / "out.hdf5")
+    assert not dist.is_initialized() and (tmp_path / "out.hdf5").exists()
+
+    monkeypatch.setattr(dumping, "init_distributed", lambda device: (Dist(), device))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init-caller'}", rank=0, world_size=1)
+    try:
+        dump_embeddings(loaded, tmp_path / "text.txt", tmp_path / "out.hdf5", force=True)
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])

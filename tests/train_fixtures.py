@@ -48,23 +48,28 @@ def tiny_config(**training) -> RunConfig:
 def two_process_steps(rank: int, world: int, init_file: str, train_dir: str, out: str, steps: int) -> None:
     """One gloo process of a torchrun-like job of `world` (`torch.multiprocessing.spawn`'s target): `steps` training
     steps of the tiny model with dropout and clipping on, then its losses, parameters and Adagrad sums saved to
-    ``out/rank{rank}.pt``."""
+    ``out/rank{rank}.pt``; the group is then left as `train` leaves it."""
     import torch
     import torch.distributed as dist
+    from elmo_cli.distributed import leave_process_group
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    _steps_saved(rank, world, train_dir, out, steps)
+    leave_process_group()
+
+
+def _steps_saved(rank: int, world: int, train_dir: str, out: str, steps: int) -> None:
+    import torch
     from elmo_cli.distributed import Dist
     from elmo_cli.train import _Trainer
     from vocab.shards import ShardDataset
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        dataset = ShardDataset(Path(train_dir))
-        trainer = _Trainer.bare(tiny_config(dropout=0.3, clip_norm=1.0), dataset, Dist(rank, world, rank))
-        trainer.state.total_steps = steps
-        losses = [trainer.step()[:3] for _ in range(steps)]
-        model = trainer.state.model
-        sums = {name: trainer.state.optimizer.state[p]["sum"] for name, p in model.named_parameters()}
-        torch.save({"losses": losses, "params": dict(model.named_parameters()), "sums": sums,
-                    "ddp": type(trainer.state.wrapped).__name__}, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    dataset = ShardDataset(Path(train_dir))
+    trainer = _Trainer.bare(tiny_config(dropout=0.3, clip_norm=1.0), dataset, Dist(rank, world, rank))
+    trainer.state.total_steps = steps
+    losses = [trainer.step()[:3] for _ in range(steps)]
+    model = trainer.state.model
+    sums = {name: trainer.state.optimizer.state[p]["sum"] for name, p in model.named_parameters()}
+    torch.save({"losses": losses, "params": dict(model.named_parameters()), "sums": sums,
+                "ddp": type(trainer.state.wrapped).__name__}, Path(out) / f"rank{rank}.pt")
