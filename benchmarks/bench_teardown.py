@@ -10,7 +10,10 @@ without an active exception" in gloo's threads). The modes alternate trial by tr
 - ``destroyed-model-alive``: three steps of the same trainer (`_Trainer.bare`), then the group destroyed while the
   trainer and its DistributedDataParallel model are alive (a test's fixture did this before 2026-12-06).
 
-    python -m benchmarks.bench_teardown [--trials 60] [--modes left never-left destroyed-model-alive]
+The processes meet through torchrun's TCP store (``--store tcp``, the default) or, as that test's
+`torch.multiprocessing.spawn` fixture meets, through a file (``--store file``).
+
+    python -m benchmarks.bench_teardown [--trials 60] [--modes left never-left destroyed-model-alive] [--store file]
 """
 from __future__ import annotations
 
@@ -29,14 +32,19 @@ from vocab.vocabulary import build_vocab
 MODES = ("left", "never-left", "destroyed-model-alive")
 CORPUS = Path(__file__).resolve().parent.parent / "examples" / "austen_train.txt"
 
-# One process of a trial: argv = mode, rank, port, shards, output directory.
+# One process of a trial: argv = mode, rank, port, shards, output directory, store.
 CHILD = """
 import os, sys
 from pathlib import Path
-mode, rank, port, data, out = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5])
+mode, rank, port, store = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[6]
+data, out = Path(sys.argv[4]), Path(sys.argv[5])
 os.environ.update(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 import torch
 import torch.distributed as dist
+if store == "file":  # every join (elmo_cli.distributed's too) meets through a file instead
+    join = dist.init_process_group
+    dist.init_process_group = lambda backend: join(backend, init_method=f"file://{out}/store", rank=int(rank),
+                                                   world_size=2)
 from elmo_cli.presets import build_config
 from elmo_cli.train import train, _Trainer
 from elmo_cli.distributed import Dist
@@ -66,10 +74,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trial(mode: str, data: Path, out: Path) -> tuple[int, int]:
+def trial(mode: str, data: Path, out: Path, store: str) -> tuple[int, int]:
     """Both processes' exit statuses (negative: the signal that ended it)."""
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, mode, str(rank), port, str(data), str(out)],
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, mode, str(rank), port, str(data), str(out), store],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     codes = []
     for p in procs:
@@ -84,10 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=60, help="trials per mode (default 60)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--store", choices=("tcp", "file"), default="tcp",
+                        help="how the processes meet: torchrun's TCP store (default) or a file")
     args = parser.parse_args(argv)
     command = "python -m benchmarks.bench_teardown" + (f" --trials {args.trials}" if args.trials != 60 else "") + (
-        f" --modes {' '.join(args.modes)}" if args.modes != list(MODES) else "")
-    with tempfile.TemporaryDirectory() as d, Recording("teardown", command, threads=1) as rec:
+        f" --modes {' '.join(args.modes)}" if args.modes != list(MODES) else "") + (
+        " --store file" if args.store == "file" else "")
+    label = "file" if args.store == "file" else None
+    with tempfile.TemporaryDirectory() as d, Recording("teardown", command, threads=1, label=label) as rec:
         tmp = Path(d)
         lines = CORPUS.read_text(encoding="utf-8").splitlines()[:2000]
         (tmp / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -100,13 +112,13 @@ def main(argv: list[str] | None = None) -> None:
             for mode in args.modes:
                 out = tmp / f"{mode}-{k}"
                 out.mkdir()
-                codes = trial(mode, tmp / "shards", out)
+                codes = trial(mode, tmp / "shards", out, args.store)
                 failed[mode] += codes != (0, 0)
                 if codes != (0, 0):
                     statuses[mode].append(list(codes))
             print(f"trial {k + 1}/{args.trials} ({time.monotonic() - start:.0f} s): failed " +
                   ", ".join(f"{m} {failed[m]}" for m in args.modes), flush=True)
-        rec.figures = {"trials_per_mode": args.trials, "processes_per_trial": 2, "steps": 3,
+        rec.figures = {"store": args.store, "trials_per_mode": args.trials, "processes_per_trial": 2, "steps": 3,
                        "failed_trials": failed, "failed_exit_statuses": statuses}
 
 
