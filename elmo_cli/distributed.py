@@ -59,8 +59,8 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
 @contextlib.contextmanager
 def leaves_process_group():
     """Around a run (or as its decorator) that may join torchrun's process group: when it returns, the group it
-    joined is left (`leave_process_group`). A group joined before it, by the caller, is left to the caller; a run
-    that raises leaves the group to the process's exit, as it would a failed collective."""
+    joined is left (`leave_process_group`). A group joined before it, by the caller, is left to the caller. A run
+    that raises leaves the group up: its process is failing, and another may still wait in a collective."""
     ours = not dist.is_initialized()
     yield
     if ours and dist.is_initialized():
@@ -76,7 +76,10 @@ def leave_process_group() -> None:
     (`benchmarks.bench_teardown`: of 120 two-process jobs, 1 aborted without leaving and 3 with the model alive,
     none as here). The run's trainer is garbage in reference cycles by now, so it is collected first."""
     gc.collect()
-    dist.barrier()
+    if dist.get_backend() == "nccl":  # the GPU this process took (init_distributed), not one NCCL would guess
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
     dist.destroy_process_group()
 
 
