@@ -48,10 +48,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("targets", nargs="*", default=list(DEFAULT))
     parser.add_argument("--here", action="store_true", help="run in this checkout instead of a fresh clone")
+    parser.add_argument("--label", default=None, help="results file targets-LABEL-DATE.json (runs side by side)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     command = " ".join(["python -m benchmarks.bench_targets", *argv])
-    with tempfile.TemporaryDirectory(prefix="bench-targets-") as tmp, Recording("targets", command) as rec:
+    with tempfile.TemporaryDirectory(prefix="bench-targets-") as tmp, \
+            Recording("targets", command, label=args.label) as rec:
         where = ROOT
         if not args.here:
             where = Path(tmp) / "clone"

@@ -1,28 +1,30 @@
-"""`make bench`: run every benchmarks/bench_*.py `main()` in one process, one after another, in a fixed order.
+"""`make bench`: the benchmarks of `ORDER` in one process, one after another: the speed and memory of every
+command, the dump's HDF5 writer, the price of repeatable vectors, onnxruntime beside the dump, ELMoForManyLangs'
+models beside its own code. Each needs nothing beyond the checkout and its install (ELMoForManyLangs' package the
+Makefile puts in bench-out/).
 
 Each benchmark prints its own figures, measured in this run (ratios against a baseline measured alongside, never
-against stored numbers). `python -m benchmarks.run shard train` runs only the named ones; `quality` (hours),
-`change` (it compares with another checkout), `targets` (it times the make targets, `make bench` among them),
-`probe` (auto's shapes by dtype and rows), `compile` (torch.compile of the LSTM loops) and `step` (a CPU training
-step's costs outside the model, old ways against new, compiled too) run only by name.
+against stored numbers). `python -m benchmarks.run shard train` runs only the named ones. Every other
+benchmarks/bench_*.py runs on its own, `python -m benchmarks.bench_NAME` with its arguments (docs/benchmarks.md):
+they take hours (`quality`, `auto_cpu`), another checkout (`change`), a GPU (`gpu`, `launches`), allennlp
+(`allennlp`), or answer one question of docs/ (`targets` times the make targets, `make bench` among them).
 """
 from __future__ import annotations
 
 import importlib
 import sys
 import time
-from pathlib import Path
 
-ORDER = ["shard", "train", "evaluate", "embed", "repeat", "kn", "onnx", "efml"]
-LONG = {"quality", "change", "targets", "probe", "compile", "step"}  # by name only (the module docstring)
+ORDER = ["shard", "train", "evaluate", "embed", "writer", "repeat", "kn", "onnx", "efml"]
 
 
 def main(argv: list[str]) -> int:
-    here = Path(__file__).parent
-    found = sorted(p.stem.removeprefix("bench_") for p in here.glob("bench_*.py"))
-    found = [n for n in found if n not in LONG]
-    names = argv or [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
-    for name in names:
+    unknown = [n for n in argv if n not in ORDER]
+    if unknown:
+        print(f"make bench has no benchmark {', '.join(unknown)} (it has {', '.join(ORDER)}); run another as "
+              f"python -m benchmarks.bench_NAME", file=sys.stderr)
+        return 2
+    for name in argv or ORDER:
         print(f"\n=== benchmark: {name} ===", flush=True)
         start = time.perf_counter()
         importlib.import_module(f"benchmarks.bench_{name}").main()
