@@ -16,6 +16,7 @@ each target's last lines of output. A failing target stops the run there.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import subprocess
 import sys
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> None:
         if not args.here:
             where = Path(tmp) / "clone"
             subprocess.run(["git", "clone", "--quiet", str(ROOT), str(where)], check=True)
+            # the record names the commit cloned, not this checkout's HEAD when the targets end
+            os.environ["ELMO_BENCH_COMMIT"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where,
+                                                             capture_output=True, text=True).stdout.strip()
         rec.figures = {"where": "this checkout" if args.here else "a fresh clone of HEAD"}
         for target in args.targets:
             rec.figures[target] = run_target(target, where)
