@@ -61,7 +61,7 @@ def leaves_process_group():
     """Around a run (or as its decorator) that may join torchrun's process group: when it returns, the group it
     joined is left (`leave_process_group`). A group joined before it, by the caller, is left to the caller. A run
     that raises leaves the group up: its process is failing, and another may still wait in a collective."""
-    ours = not dist.is_initialized()
+    ours = dist.is_available() and not dist.is_initialized()  # a torch built without it joins nothing
     yield
     if ours and dist.is_initialized():
         leave_process_group()
