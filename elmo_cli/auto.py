@@ -38,7 +38,7 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    overfit it.
 6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch
    32 (64 and 128 rows train a fifth and a half faster on 2 AVX2 threads in fp32, and lost at equal time; in bf16
-   on an AVX512-BF16 CPU 64 rows won both pairs run, which waits on the cells they could tip), 20-token
+   on an AVX512-BF16 CPU 64 rows won the three pairs run, which waits on the cells they could tip), 20-token
    windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). A
    `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
 7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`), in
