@@ -37,10 +37,13 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    the square root of its size: 15 at 0.2M) ends the run after that many, with the schedule laid over them: more
    overfit it.
 6. The rest is the `laptop` recipe: Adam (AdamW by 4.) with warmup and a cosine decay laid over the budget, batch
-   32 (64 and 128 rows train a fifth and a half faster on 2 AVX2 threads in fp32, and lost at equal time; in bf16
-   on an AVX512-BF16 CPU 64 rows won the three pairs run, which waits on the cells they could tip), 20-token
-   windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). A
-   `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
+   32 (64 and 128 rows train a fifth and a half faster on 2 AVX2 threads in fp32, and lost at equal time), 20-token
+   windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). But where 2.
+   keeps a shape's bf16 step on a CPU, with a time budget of up to an hour (`CPU_ROWS_MAX_SECONDS`) and no
+   `--batch-size`, that step is probed again at `CPU_BF16_ROWS` (64) rows and trains there unless it reads slower,
+   and 1. weighs the shapes at those rows: on 2 Zen 5 cores 64 rows won all four pairs run in bf16 (15 minutes and
+   the hour, two corpora held out), and on the KJV's hour they tipped the shape to 1024/256 and won by the most.
+   A `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
 7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`), in
    bf16, while a doubling buys at least `ROWS_GAIN` times the tokens/s and the rows kept do not yet reach the pass
    cap in the budget (past it more rows only end the run sooner, with fewer updates); fp32 is then probed at the
@@ -117,9 +120,17 @@ SMALLEST_DECAY_MAX_TOKENS = 430_000
 # Rule 7 (a GPU's rows): a doubling that buys ROWS_GAIN more text a second at a quarter fewer updates. At equal time
 # on the CPU (docs/auto.md, "Batch rows at equal time"), 64 rows' text was worth 0.79 of 32 rows' (break-even at
 # 1.27x) and 128 rows' 0.47 (1.46x a doubling), read off 32 rows' own curve, after under 3,000 updates, where larger
-# batches cost the most. 2 CPU threads buy 1.19x a doubling, so a CPU keeps the recipe's 32.
+# batches cost the most. 2 CPU threads bought 1.19x a doubling in fp32 (AVX2), so a CPU keeps the recipe's 32 in fp32.
 ROWS_LADDER = (32, 64, 128, 256, 512, 1024)
 ROWS_GAIN = 1.5
+# Rule 6's exception (a CPU's rows in bf16): where rule 2 keeps a shape's bf16 step on a CPU, with a time budget up to
+# CPU_ROWS_MAX_SECONDS and no --batch-size, the step is probed again at CPU_BF16_ROWS and trains there unless that
+# reads slower. On 2 Zen 5 cores (AVX512-BF16) 64 rows ran 1.31-1.36x the tokens/s of 32 for 512/128 in bf16 (1.5x
+# for 1024/256's eager probes) and ended 1.0-7.3% lower in all four pairs run at 15 and 60 minutes (docs/auto.md,
+# "Batch rows at equal time"); fp32 on AVX2 bought 1.19x and lost. Budgets over an hour have not been run at 64 rows
+# on a CPU and keep 32.
+CPU_BF16_ROWS = 64
+CPU_ROWS_MAX_SECONDS = 3600.0
 # Rule 8: compiling took about 2 minutes of a fresh process on 2 Zen 1 cores and bought 1.36x (512/128) and 1.16x
 # (1024/256): from 20 minutes it pays for itself several times over; under 10% faster it is not worth its time.
 COMPILE_FROM_SECONDS = 20 * 60.0
@@ -289,6 +300,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     cap = max_epochs(facts.train_tokens)
     probes: list[Probe] = []
     rows_ladder = facts.device.startswith("cuda") and facts.batch_size is None and facts.budget_seconds > 0
+    cpu_rows = (not facts.device.startswith("cuda") and bf16_native and facts.batch_size is None
+                and 0 < facts.budget_seconds <= CPU_ROWS_MAX_SECONDS and 4 * CPU_BF16_ROWS <= facts.train_sentences)
     stopped: dict[str, str] = {}  # shape name -> why its rows stopped doubling (the GPU ladder)
     clock = clock or probe_clock
     began = clock()
@@ -327,7 +340,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
 
     def fastest(shape: Shape) -> tuple[str, float, int]:
         """(dtype, tokens/s, rows): fp32, or bf16 where it is native and at least BF16_GAIN times faster; on a GPU
-        the rows doubled in bf16 while each doubling buys ROWS_GAIN, and fp32 probed at the rows kept."""
+        the rows doubled in bf16 while each doubling buys ROWS_GAIN, and fp32 probed at the rows kept; on a CPU
+        where bf16 is kept, its step at CPU_BF16_ROWS where that reads no slower (rule 6)."""
         rows = base.training.batch_size
         climb = "bf16" if rows_ladder and bf16_native else "fp32"  # the dtype the rows ladder is climbed in
         best = (climb, rate_of(shape, climb, rows), rows)
@@ -348,6 +362,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             fp32, bf16 = (rate, best[1]) if other == "fp32" else (best[1], rate)
             dtype = "bf16" if bf16 >= BF16_GAIN * fp32 else "fp32"
             best = (dtype, bf16 if dtype == "bf16" else fp32, best[2])
+        if cpu_rows and best[0] == "bf16" and best[2] < CPU_BF16_ROWS:  # rule 6's exception
+            rate = rate_of(shape, "bf16", CPU_BF16_ROWS)
+            if rate >= best[1]:
+                best = ("bf16", rate, CPU_BF16_ROWS)
         return best
 
     compile_here = (facts.compile and facts.budget_seconds >= COMPILE_FROM_SECONDS
@@ -495,7 +513,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     if rows_ladder:
         why += "; " + stopped.get(shape.name, f"{rows:,} rows: the most the ladder or the corpus's sentences allow")
     reason = (f"auto: {shape.name}, {dtype}, {'compiled, ' if compiled else ''}"
-              f"{f'{rows:,} rows, ' if rows_ladder else ''}dropout {dropout:g}"
+              f"{f'{rows:,} rows, ' if rows_ladder or rows != base.training.batch_size else ''}dropout {dropout:g}"
               f"{f', AdamW decay {decay:g}' if decay else ''}, {config.training.n_negative_samples:,} "
               f"negatives{' (full softmax)' if negatives >= facts.vocab_size else ''}: {why}{refused}")
     return Choice(config, reason, tuple(probes), epochs, shape.name, rate)

@@ -800,8 +800,10 @@ def test_an_fp32_step_is_not_probed_compiled_its_gradient_being_written_by_hand(
         {(SMALL.name, "fp32"): 3000.0, (SMALL.name, "bf16"): 3600.0, (LARGE.name, "fp32"): 900.0,
          (LARGE.name, "bf16"): 1000.0}, 1.2))
     assert bf16.config.training.dtype == "bf16" and bf16.config.training.compile
-    assert [(p.dtype, p.compiled) for p in bf16.probes if p.shape == SMALL.name] == [
-        ("fp32", False), ("bf16", False), ("bf16", False), ("bf16", True), ("bf16", False)]
+    # ... at 64 rows, where the bf16 step kept reads no slower there (rule 6)
+    assert [(p.dtype, p.compiled, p.rows) for p in bf16.probes if p.shape == SMALL.name] == [
+        ("fp32", False, 32), ("bf16", False, 32), ("bf16", False, 64), ("bf16", False, 64), ("bf16", True, 64),
+        ("bf16", False, 64)]
 
 
 def scripted(large: float, compiled: float, eager_reads: list[float]):
@@ -967,8 +969,10 @@ def test_a_slow_validation_is_made_less_often_and_the_users_cadence_wins():
 def test_the_larger_shape_is_weighed_over_the_same_seconds_left_and_its_slower_validations(monkeypatch):
     # the Zen 4's hour on the addresses (docs/auto.md): 512/128 fp32 3,622 tokens/s, bf16 0.99x of it; 1024/256
     # fp32 1,431, bf16 1,743; its compiled step 1.25x; each eager probe 9 s, each compiled one 80 s. There 1024/256's
-    # eager bf16 step holds 0.48 of the smaller shape's passes, under the share: it is no longer compiled or taken
+    # eager bf16 step holds 0.48 of the smaller shape's passes, under the share: it is no longer compiled or taken.
+    # The probes as they ran there, at 32 rows (rule 6's 64 rows for a bf16 step came later, from the Zen 5)
     monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
+    monkeypatch.setattr(auto, "CPU_ROWS_MAX_SECONDS", 0.0)
     table = {(SMALL.name, "fp32"): 3622.0, (SMALL.name, "bf16"): 3570.0, (LARGE.name, "fp32"): 1431.0,
              (LARGE.name, "bf16"): 1743.0}
     zen4, clock = ticking(table, 9.0, 80.0)
@@ -1156,3 +1160,40 @@ def test_epochs_given_with_a_time_budget_lift_the_pass_cap_and_the_clock_ends_th
     large = choose(facts(tokens=749_310, budget=3600, epochs=200.0), rates({(SMALL.name, "fp32"): 2500.0,
                                                                             (LARGE.name, "fp32"): 1800.0}))
     assert large.shape == LARGE.name and large.config.training.dropout == 0.3
+
+
+def test_on_a_cpu_where_bf16_is_kept_an_hour_trains_at_64_rows(monkeypatch):
+    """Rule 6's exception, on the KJV hour's probes on 2 Zen 5 cores (2026-12-06): the bf16 step kept is probed again
+    at 64 rows, which read faster, and trains there; the larger shape is weighed at its own 64 rows."""
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
+    table = {(SMALL.name, "fp32", 32): 6_600.0, (SMALL.name, "bf16", 32): 7_900.0, (SMALL.name, "bf16", 64): 10_300.0,
+             (LARGE.name, "fp32", 32): 2_400.0, (LARGE.name, "bf16", 32): 4_100.0, (LARGE.name, "bf16", 64): 6_100.0}
+    measure = gpu_rates(table)
+    choice = choose(facts(tokens=825_573, budget=3600), measure)
+    assert choice.config.training.batch_size == 64 and choice.config.training.dtype == "bf16"
+    assert [k for k in measure.seen if k[0] == SMALL.name] == [
+        (SMALL.name, "fp32", 32), (SMALL.name, "bf16", 32), (SMALL.name, "bf16", 64)]
+    assert choice.reason.startswith(f"auto: {choice.shape}, bf16, 64 rows, dropout ")
+    # at 32 rows the larger shape got under 0.55 of the smaller one's passes; at 64 rows 0.59: it is taken
+    assert choice.shape == LARGE.name and choice.tokens_per_s == 6_100.0
+    # a 64-row probe that reads slower keeps 32 rows
+    slower = gpu_rates({**table, (SMALL.name, "bf16", 64): 7_000.0, (LARGE.name, "bf16", 64): 3_000.0})
+    kept = choose(facts(tokens=825_573, budget=3600), slower)
+    assert kept.config.training.batch_size == 32 and " rows, " not in kept.reason
+
+
+def test_a_cpu_keeps_32_rows_in_fp32_over_an_hour_with_a_users_batch_or_few_sentences(monkeypatch):
+    monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
+    table = {(n, d, r): rate for (n, d), rate in {(SMALL.name, "fp32"): 6_600.0, (SMALL.name, "bf16"): 7_900.0,
+                                                  (LARGE.name, "fp32"): 2_400.0, (LARGE.name, "bf16"): 4_100.0}.items()
+             for r in (32, 64)}
+    for f in (facts(budget=7200), dataclasses.replace(facts(budget=3600), batch_size=32), facts(budget=0.0,
+              epochs=10.0), facts(budget=3600, sentences=255)):
+        measure = gpu_rates(table)
+        choice = choose(f, measure)
+        assert {k[2] for k in measure.seen} == {32} and choice.config.training.batch_size == 32, f
+    # fp32 kept (bf16 under 1.15x for both shapes): no 64-row probe
+    fp32 = {k: (v if k[1] == "fp32" else 1.1 * table[(k[0], "fp32", k[2])]) for k, v in table.items()}
+    measure = gpu_rates(fp32)
+    assert choose(facts(budget=3600), measure).config.training.batch_size == 32
+    assert {k[2] for k in measure.seen} == {32}
