@@ -132,6 +132,9 @@ ROWS_GAIN = 1.5
 # on a CPU and keep 32.
 CPU_BF16_ROWS = 64
 CPU_ROWS_MAX_SECONDS = 3600.0
+# Batch rows need this many training sentences each to be spread over sensibly: the base rows' floor (a refusal),
+# and the most the GPU ladder and rule 6 may reach.
+SENTENCES_PER_ROW = 4
 # Rule 8: compiling took about 2 minutes of a fresh process on 2 Zen 1 cores and bought 1.36x (512/128) and 1.16x
 # (1024/256): from 20 minutes it pays for itself several times over; under 10% faster it is not worth its time.
 COMPILE_FROM_SECONDS = 20 * 60.0
@@ -270,10 +273,10 @@ def check_facts(facts: Facts, source: str) -> None:
                         f"(at least {MIN_TOKENS:,}); a 5-gram Kneser-Ney model is the better model of so little "
                         f"text, and --preset tiny still runs the pipeline")
     rows = _base(facts).training.batch_size
-    if facts.train_sentences < 4 * rows:
+    if facts.train_sentences < SENTENCES_PER_ROW * rows:
         raise ElmoError(f"{source}: {facts.train_sentences:,} sentences cannot be spread over "
-                        f"{rows} batch rows sensibly (at least {4 * rows}); split the text into one sentence "
-                        f"per line{' or give a smaller --batch-size' if facts.batch_size else ''}")
+                        f"{rows} batch rows sensibly (at least {SENTENCES_PER_ROW * rows}); split the text into one "
+                        f"sentence per line{' or give a smaller --batch-size' if facts.batch_size else ''}")
 
 
 def _base(facts: Facts | None = None) -> RunConfig:
@@ -302,7 +305,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     probes: list[Probe] = []
     rows_ladder = facts.device.startswith("cuda") and facts.batch_size is None and facts.budget_seconds > 0
     cpu_rows = (not facts.device.startswith("cuda") and bf16_native and facts.batch_size is None
-                and 0 < facts.budget_seconds <= CPU_ROWS_MAX_SECONDS and 4 * CPU_BF16_ROWS <= facts.train_sentences)
+                and 0 < facts.budget_seconds <= CPU_ROWS_MAX_SECONDS
+                and SENTENCES_PER_ROW * CPU_BF16_ROWS <= facts.train_sentences)
     stopped: dict[str, str] = {}  # shape name -> why its rows stopped doubling (the GPU ladder)
     clock = clock or probe_clock
     began = clock()
@@ -347,7 +351,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         climb = "bf16" if rows_ladder and bf16_native else "fp32"  # the dtype the rows ladder is climbed in
         best = (climb, rate_of(shape, climb, rows), rows)
         if rows_ladder and best[1] > 0:
-            for more in (r for r in ROWS_LADDER if r > rows and 4 * r <= facts.train_sentences):
+            for more in (r for r in ROWS_LADDER if r > rows and SENTENCES_PER_ROW * r <= facts.train_sentences):
                 if best[1] * budget / facts.train_tokens >= cap:  # more rows would only end it sooner
                     stopped[shape.name] = f"{best[2]:,} rows already reach the {cap:g}-pass cap"
                     break
