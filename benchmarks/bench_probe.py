@@ -8,6 +8,7 @@ cost in quality at equal time is not measured here: an hour per cell).
     python -m benchmarks.bench_probe --trace 24 [--compiled] [--corpus sotu] [--label NAME]
     python -m benchmarks.bench_probe --validation [--corpus sotu] [--rows 32] [--label NAME]
     python -m benchmarks.bench_probe --settle 40 [--idle 30] [--repeats 2] [--corpus sotu] [--label NAME]
+    python -m benchmarks.bench_probe --pairs 6 [--rows 64] [--seconds 30] [--repeats 2] [--corpus tang] [--label NAME]
 
 ``--validation`` also times, REPEATS times per shape, one validation of the corpus's held-out shards as `train`
 makes it (`train.validation_perplexity`: full softmax, fp32, eager, 64 rows) on a fresh model, and its tokens/s
@@ -26,6 +27,15 @@ probe (`512/128`, fp32, eager, 32 rows) for SECONDS on a fresh model (a), at onc
 (b), then after ``--idle`` seconds with the CPUs idle on a third (c), REPEATS times. Where (a) and (c) start high
 and (b) does not, the CPU runs faster after idling (its clock, or the host's other load) and a probe taken cold
 reads high; where all three do, it is the fresh model or process; where none does, neither.
+
+``--pairs ROUNDS`` asks how well a few 6-s reads give the larger shape's speed over the smaller one's, which rule 1
+weighs against `auto.MIN_PASS_SHARE`: each round reads the eager bf16 step (fp32 where bf16 is not native) of the
+smaller shape, the larger, the smaller and the larger again, 6 s each, at the first of ``--rows``; then REPEATS
+rounds read each shape for ``--seconds`` (the slower reference). From each round it keeps the larger over the
+smaller from its first read (``first``), from the faster of the larger's two reads over the smaller's first, as
+rule 1 weighed a second read until 2026-12-06 (``bare``), and from the better of the two adjacent pairs, as it
+weighs it now (``paired``), each against the long reads' ratio and counted where it reaches `auto.MIN_PASS_SHARE`
+(a rate ratio stands in for rule 1's share of passes, which also counts each shape's validations).
 
 Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
 ratio per shape
@@ -57,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settle", type=float, default=0.0,
                         help="seconds of each of the three traces of --settle (see above)")
     parser.add_argument("--idle", type=float, default=30.0, help="with --settle: seconds idle before trace (c)")
+    parser.add_argument("--pairs", type=int, default=0, help="rounds of adjacent 6-s reads of both shapes (see above)")
     parser.add_argument("--compiled", action="store_true",
                         help="with --trace: also trace the compiled step where rule 8 probes it (a bf16 step)")
     argv = sys.argv[1:] if argv is None else argv
@@ -68,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         return trace_probes(data, base, negatives, dtypes, args, command)
     if args.settle > 0:
         return settle_probes(data, base, negatives, args, command)
+    if args.pairs > 0:
+        return pair_probes(data, base, negatives, dtypes[-1], args, command)
     with Recording("probe", command, args.threads, args.label) as rec:
         cells = [(shape, dtype, rows) for shape in auto.LADDER for dtype in dtypes for rows in args.rows]
         rates: dict[tuple[str, str, int], list[float]] = {}
@@ -164,6 +177,46 @@ def settle_probes(data, base, negatives: int, args, command: str) -> None:
                 r[key]["probe_6s"] / r[key]["after_6s"] for r in rec.figures["rounds"]), 3)
         for key, value in rec.figures.items():
             if key != "rounds":
+                print(f"{key}: {value}")
+
+
+def pair_probes(data, base, negatives: int, dtype: str, args, command: str) -> None:
+    """``--pairs``: the larger shape's speed over the smaller's, from 6-s reads as rule 1 takes them and as adjacent
+    pairs, against reads of ``args.seconds``."""
+    small, large = auto.LADDER[0], auto.LADDER[1]
+    rows = args.rows[0]
+    probe_s = auto.PROBE_SECONDS[1]
+
+    def read(shape, seconds: float) -> float:
+        config = auto._config(base, shape, dtype, negatives, args.threads).with_training(device="cpu", batch_size=rows)
+        return measure_throughput(config, data, seconds)
+    with Recording("probe", command, args.threads, args.label) as rec:
+        rec.figures = {"corpus": args.corpus, "rows": rows, "dtype": dtype, "negatives": negatives,
+                       "read_seconds": probe_s, "long_seconds": args.seconds, "torch_threads": args.threads,
+                       "rounds": [], "long": []}
+        for _ in range(args.pairs):
+            s1, l1, s2, l2 = (read(shape, probe_s) for shape in (small, large, small, large))
+            rec.figures["rounds"].append({"small": [round(s1), round(s2)], "large": [round(l1), round(l2)],
+                                          "first": round(l1 / s1, 3), "bare": round(max(l1, l2) / s1, 3),
+                                          "paired": round(max(l1 / s1, l2 / s2), 3)})
+            print(rec.figures["rounds"][-1], flush=True)
+        for _ in range(args.repeats):
+            s, l = read(small, args.seconds), read(large, args.seconds)
+            rec.figures["long"].append({"small": round(s), "large": round(l), "ratio": round(l / s, 3)})
+            print(rec.figures["long"][-1], flush=True)
+        truth = statistics.median(r["ratio"] for r in rec.figures["long"])
+        rec.figures["long ratio (median)"] = round(truth, 3)
+        for key in ("first", "bare", "paired"):
+            errors = [r[key] / truth - 1 for r in rec.figures["rounds"]]
+            rec.figures[f"{key} over long: median, worst"] = [round(statistics.median(errors), 3),
+                                                              round(max(errors, key=abs), 3)]
+            rec.figures[f"{key}: rounds at or over the share"] = sum(r[key] >= auto.MIN_PASS_SHARE
+                                                                     for r in rec.figures["rounds"])
+        for name in ("small", "large"):
+            reads = [x for r in rec.figures["rounds"] for x in r[name]]
+            rec.figures[f"{name} 6-s reads: spread (max/min)"] = round(max(reads) / min(reads), 3)
+        for key, value in rec.figures.items():
+            if key not in ("rounds", "long"):
                 print(f"{key}: {value}")
 
 

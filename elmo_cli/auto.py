@@ -433,6 +433,20 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
                 f"{chosen[0].name}'s {below:.1f}{capped})")
 
+    def read_again(shape: Shape, dtype: str, rows: int) -> float:
+        """A larger shape's second read, weighed at the host's speed of its first: the smaller shape's eager step
+        (the shape taken) is read again just before it, and the read scaled by that step's read before the first
+        over this one. A 2-core host's speed moves by a tenth from one minute to the next, and the faster of two
+        bare reads took the larger shape on a second read 16% over its first and 20% over its run (the poems'
+        quarter hour on 2 Zen 5 cores); read in adjacent pairs, the ratio of the shapes' speeds kept within 6% of
+        the mean of reads of 30 s where the faster bare read was 10% over it (`bench_probe --pairs`, docs/auto.md)."""
+        small, small_dtype, small_rows = chosen[0], chosen[7], chosen[3]
+        before = next(p.tokens_per_s for p in reversed(probes) if (p.shape, p.dtype, p.rows, p.compiled) ==
+                      (small.name, small_dtype, small_rows, False))
+        now = rate_of(small, small_dtype, small_rows)
+        again = rate_of(shape, dtype, rows)
+        return again * before / now if now > 0 else again
+
     # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds, eager dtype) of the shape taken
     chosen: tuple[Shape, str, float, int, bool, float, float, str] | None = None
     # The passes of the shape taken so far at its fastest step, not capped: the share weighs the shapes' speeds.
@@ -450,8 +464,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             below = passes_of(chosen[0], chosen[2])
         if chosen is not None and (passes < MIN_EPOCHS or short_of_share(shape, passes, False)):
             # A shape's first probe can read a third of its speed (1024/256 on 2 Zen 3 cores: 1.6 passes one hour,
-            # 5.1 the next, docs/auto.md): it is probed once more before it is turned down.
-            rate = max(rate, rate_of(shape, dtype, rows))
+            # 5.1 the next, docs/auto.md): it is probed once more before it is turned down, at the host's speed of
+            # its first read.
+            rate = max(rate, read_again(shape, dtype, rows))
             passes = passes_of(shape, rate)
             below = passes_of(chosen[0], chosen[2])
         if chosen is not None and passes < MIN_EPOCHS:
