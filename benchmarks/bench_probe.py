@@ -9,6 +9,7 @@ cost in quality at equal time is not measured here: an hour per cell).
     python -m benchmarks.bench_probe --validation [--corpus sotu] [--rows 32] [--label NAME]
     python -m benchmarks.bench_probe --settle 40 [--idle 30] [--repeats 2] [--corpus sotu] [--label NAME]
     python -m benchmarks.bench_probe --pairs 6 [--rows 64] [--seconds 30] [--repeats 2] [--corpus tang] [--label NAME]
+    python -m benchmarks.bench_probe --run 600 [--rows 64] [--compiled] [--corpus sotu] [--label NAME]
 
 ``--validation`` also times, REPEATS times per shape, one validation of the corpus's held-out shards as `train`
 makes it (`train.validation_perplexity`: full softmax, fp32, eager, 64 rows) on a fresh model, and its tokens/s
@@ -33,9 +34,18 @@ weighs against `auto.MIN_PASS_SHARE`: each round reads the eager bf16 step (fp32
 smaller shape, the larger, the smaller and the larger again, 6 s each, at the first of ``--rows``; then REPEATS
 rounds read each shape for ``--seconds`` (the slower reference). From each round it keeps the larger over the
 smaller from its first read (``first``), from the faster of the larger's two reads over the smaller's first, as
-rule 1 weighed a second read until 2026-12-06 (``bare``), and from the better of the two adjacent pairs, as it
-weighs it now (``paired``), each against the long reads' ratio and counted where it reaches `auto.MIN_PASS_SHARE`
-(a rate ratio stands in for rule 1's share of passes, which also counts each shape's validations).
+rule 1 weighed a second read until 2026-12-06 (``bare``), from the better of the two adjacent pairs (``paired``),
+and from the larger's two reads over the smaller's two, as rule 1 weighs them now (``pairs``; where the larger's
+reads are `auto.READ_SPREAD_MAX` apart it takes ``paired``), each against the long reads' ratio and counted where
+it reaches `auto.MIN_PASS_SHARE` (a rate ratio stands in for rule 1's share of passes, which also counts each
+shape's validations).
+
+``--run SECONDS`` asks whether a run slows against the probe that chose it: `auto`'s probe of the smaller shape's
+step (bf16 where native, eager, or compiled with ``--compiled``, at the first of ``--rows``) twice, a real run of
+that step (`train.train`: no validation, no checkpoint until its end) for SECONDS in the same process, and the
+probe twice again. It keeps the run's tokens/s by minute (the median of its records) and its mean. Where the
+probes after the run read as the run's last minutes, the host slowed; where they read as the probes before it,
+the run's own state (its model, optimizer, allocator) would be the cause.
 
 Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
 ratio per shape
@@ -68,8 +78,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds of each of the three traces of --settle (see above)")
     parser.add_argument("--idle", type=float, default=30.0, help="with --settle: seconds idle before trace (c)")
     parser.add_argument("--pairs", type=int, default=0, help="rounds of adjacent 6-s reads of both shapes (see above)")
+    parser.add_argument("--run", type=float, default=0.0, help="seconds of a real run between probes (see above)")
     parser.add_argument("--compiled", action="store_true",
-                        help="with --trace: also trace the compiled step where rule 8 probes it (a bf16 step)")
+                        help="with --trace: also trace the compiled step where rule 8 probes it (a bf16 step); "
+                             "with --run: probe and train the compiled step")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     info, data, base, negatives = probe_corpus(args)
@@ -81,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         return settle_probes(data, base, negatives, args, command)
     if args.pairs > 0:
         return pair_probes(data, base, negatives, dtypes[-1], args, command)
+    if args.run > 0:
+        return run_between_probes(data, base, negatives, dtypes[-1], args, command)
     with Recording("probe", command, args.threads, args.label) as rec:
         cells = [(shape, dtype, rows) for shape in auto.LADDER for dtype in dtypes for rows in args.rows]
         rates: dict[tuple[str, str, int], list[float]] = {}
@@ -198,7 +212,8 @@ def pair_probes(data, base, negatives: int, dtype: str, args, command: str) -> N
             s1, l1, s2, l2 = (read(shape, probe_s) for shape in (small, large, small, large))
             rec.figures["rounds"].append({"small": [round(s1), round(s2)], "large": [round(l1), round(l2)],
                                           "first": round(l1 / s1, 3), "bare": round(max(l1, l2) / s1, 3),
-                                          "paired": round(max(l1 / s1, l2 / s2), 3)})
+                                          "paired": round(max(l1 / s1, l2 / s2), 3),
+                                          "pairs": round((l1 + l2) / (s1 + s2), 3)})
             print(rec.figures["rounds"][-1], flush=True)
         for _ in range(args.repeats):
             s, l = read(small, args.seconds), read(large, args.seconds)
@@ -206,7 +221,9 @@ def pair_probes(data, base, negatives: int, dtype: str, args, command: str) -> N
             print(rec.figures["long"][-1], flush=True)
         truth = statistics.median(r["ratio"] for r in rec.figures["long"])
         rec.figures["long ratio (median)"] = round(truth, 3)
-        for key in ("first", "bare", "paired"):
+        for key in ("first", "bare", "paired", "pairs"):
+            rec.figures[f"{key}: lowest, highest"] = [min(r[key] for r in rec.figures["rounds"]),
+                                                     max(r[key] for r in rec.figures["rounds"])]
             errors = [r[key] / truth - 1 for r in rec.figures["rounds"]]
             rec.figures[f"{key} over long: median, worst"] = [round(statistics.median(errors), 3),
                                                               round(max(errors, key=abs), 3)]
@@ -218,6 +235,42 @@ def pair_probes(data, base, negatives: int, dtype: str, args, command: str) -> N
         for key, value in rec.figures.items():
             if key not in ("rounds", "long"):
                 print(f"{key}: {value}")
+
+
+def run_between_probes(data, base, negatives: int, dtype: str, args, command: str) -> None:
+    """``--run``: two probes, a real run of ``args.run`` seconds, two probes, one process, one step."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from elmo_cli.train import train
+
+    rows, probe_s = args.rows[0], auto.PROBE_SECONDS[1]
+    config = auto._config(base, auto.LADDER[0], dtype, negatives, args.threads).with_training(
+        device="cpu", batch_size=rows, compile=args.compiled)
+    run_config = config.with_training(max_time=args.run, epochs=1000.0, checkpoint_minutes=0.0, checkpoint_every=0,
+                                      baseline=False, log_every=10)
+    with Recording("probe", command, args.threads, args.label) as rec:
+        before = [measure_throughput(config, data, probe_s) for _ in range(2)]
+        with tempfile.TemporaryDirectory() as tmp:
+            result = train(run_config, args.out / args.corpus / "train", Path(tmp) / "run")
+            records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        after = [measure_throughput(config, data, probe_s) for _ in range(2)]
+        timed = [r for r in records if r.get("kind") == "train"][1:]  # the first record holds the first steps
+        by_minute = [statistics.median(r["tokens_per_s"] for r in timed if m * 60 <= r["elapsed"] < (m + 1) * 60)
+                     for m in range(int(timed[-1]["elapsed"] // 60) + 1)]
+        mean = result.mean_tokens_per_s
+        rec.figures = {"corpus": args.corpus, "rows": rows, "dtype": dtype, "compiled": args.compiled,
+                       "negatives": negatives, "run_seconds": args.run, "torch_threads": args.threads,
+                       "probes_before": [round(x) for x in before], "probes_after": [round(x) for x in after],
+                       "run_tokens_per_s_by_minute": [round(x) for x in by_minute],
+                       "run_tokens_per_s_mean": round(mean, 1),
+                       "probes before over the run's mean": [round(x / mean, 3) for x in before],
+                       "probes after over the run's mean": [round(x / mean, 3) for x in after],
+                       "run's minutes: slowest, fastest over its mean": [round(min(by_minute) / mean, 3),
+                                                                        round(max(by_minute) / mean, 3)]}
+        for key, value in rec.figures.items():
+            print(f"{key}: {value}")
 
 
 def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None:

@@ -19,8 +19,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    0.55 of them (0.41 of the speed, 17.7 passes, short of the cap) and lost to the smaller shape's hour
    (docs/auto.md). Each shape's passes are those of its fastest step, compiled where 8. keeps that: the smaller
    shape's compiled step is weighed against the larger one's. A larger shape its first probe would turn down is
-   probed once more and weighed at the faster read (one hour's probe on 2 Zen 3 cores gave 1024/256 1.6 passes,
-   the next hour's 5.1, which the run then trained at).
+   read once more, just after the smaller shape's eager step is, and weighed at its two reads over the smaller
+   one's two (`READ_SPREAD_MAX`: where its own reads are far apart, at the faster; one hour's probe on 2 Zen 3
+   cores gave 1024/256 1.6 passes, the next hour's 5.1, which the run then trained at).
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
@@ -157,6 +158,12 @@ COMPILED_GAIN_MAX = 1.6
 VALIDATION_OVER_TRAINING = 1.4
 VALIDATION_SHARE = 0.035  # the validations' share of a time budget the cadence keeps to, ...
 VALIDATION_MINUTES = 10.0  # ... from the recipe's every 10 minutes, stretched to at most a third of the budget
+# Rule 1's second read of a larger shape: the larger shape's two 6-s reads over the smaller shape's two, each pair
+# adjacent, in place of the faster of its own two reads over the smaller shape's one. On 2 Zen 5 cores, 20 rounds of
+# both shapes' bf16 steps at 64 rows on the poems (`bench_probe --pairs`, docs/auto.md) gave the larger shape's speed
+# over the smaller's between 0.467 and 0.530 that way, where the faster read made 0.457 to 0.573 and reached the
+# share of 0.55 in 5 rounds of 20 (the poems' quarter hour took 1024/256 so, on a read 16% over its first, and lost)
+READ_SPREAD_MAX = 1.5  # two reads further apart than this: one is an outlier (440, then 1,392 tokens/s on Zen 3)
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
 PROBE_SECONDS = (1.0, 6.0)
 
@@ -433,19 +440,22 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
                 f"{chosen[0].name}'s {below:.1f}{capped})")
 
-    def read_again(shape: Shape, dtype: str, rows: int) -> float:
-        """A larger shape's second read, weighed at the host's speed of its first: the smaller shape's eager step
-        (the shape taken) is read again just before it, and the read scaled by that step's read before the first
-        over this one. A 2-core host's speed moves by a tenth from one minute to the next, and the faster of two
-        bare reads took the larger shape on a second read 16% over its first and 20% over its run (the poems'
-        quarter hour on 2 Zen 5 cores); read in adjacent pairs, the ratio of the shapes' speeds kept within 6% of
-        the mean of reads of 30 s where the faster bare read was 10% over it (`bench_probe --pairs`, docs/auto.md)."""
+    def read_again(shape: Shape, dtype: str, rows: int, first: float) -> float:
+        """A larger shape's tokens/s from two reads, each beside a read of the smaller shape's eager step (the shape
+        taken): that step is read again, then the larger shape, and the larger shape's two reads over the smaller
+        one's two give its speed at the smaller one's first read. Where its own two reads are more than
+        `READ_SPREAD_MAX` apart, the faster is taken over its neighbour instead (one read can be an outlier: 440
+        tokens/s, then 1,392, on 2 Zen 3 cores)."""
         small, small_dtype, small_rows = chosen[0], chosen[7], chosen[3]
         before = next(p.tokens_per_s for p in reversed(probes) if (p.shape, p.dtype, p.rows, p.compiled) ==
                       (small.name, small_dtype, small_rows, False))
         now = rate_of(small, small_dtype, small_rows)
         again = rate_of(shape, dtype, rows)
-        return again * before / now if now > 0 else again
+        if now <= 0 or again <= 0:
+            return max(first, again)
+        if max(first, again) > READ_SPREAD_MAX * min(first, again):
+            return max(first, again * before / now)
+        return before * (first + again) / (before + now)
 
     # (shape, dtype, tokens/s, rows, compiled, eager tokens/s, compiling seconds, eager dtype) of the shape taken
     chosen: tuple[Shape, str, float, int, bool, float, float, str] | None = None
@@ -464,9 +474,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             below = passes_of(chosen[0], chosen[2])
         if chosen is not None and (passes < MIN_EPOCHS or short_of_share(shape, passes, False)):
             # A shape's first probe can read a third of its speed (1024/256 on 2 Zen 3 cores: 1.6 passes one hour,
-            # 5.1 the next, docs/auto.md): it is probed once more before it is turned down, at the host's speed of
-            # its first read.
-            rate = max(rate, read_again(shape, dtype, rows))
+            # 5.1 the next, docs/auto.md), and any 6-s read a tenth off: it is read once more, beside the smaller
+            # shape's step, before it is turned down.
+            rate = read_again(shape, dtype, rows, rate)
             passes = passes_of(shape, rate)
             below = passes_of(chosen[0], chosen[2])
         if chosen is not None and passes < MIN_EPOCHS:
