@@ -42,9 +42,10 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    windows, sampled softmax with 1,024 negatives (the full softmax when the vocabulary is smaller). But where 2.
    keeps a shape's bf16 step on a CPU, with a time budget of up to an hour (`CPU_ROWS_MAX_SECONDS`) and no
    `--batch-size`, that step is probed again at `CPU_BF16_ROWS` (64) rows and trains there unless it reads slower,
-   and 1. weighs the shapes at those rows: on 2 Zen 5 cores 64 rows won six of the seven pairs run in bf16 (15
+   and 1. weighs the shapes at those rows: on 2 Zen 5 cores 64 rows won six of the eight pairs run in bf16 (15
    minutes and the hour, three corpora held out; on the KJV's hour they tipped the shape to 1024/256 and won by the
-   most) and lost one, the held-out poems' quarter hour, where the shape tipped on a probe 20% over its run.
+   most) and lost the held-out poems' quarter hour twice: once where the shape tipped on a probe 20% over its run,
+   once at dropout 0.3 for 64 rows' 8.0 passes against 0.1 for 32 rows' 6.8 (at 0.1, 64 rows won by 4.8%).
    A `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
 7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`), in
    bf16, while a doubling buys at least `ROWS_GAIN` times the tokens/s and the rows kept do not yet reach the pass
@@ -128,9 +129,10 @@ ROWS_GAIN = 1.5
 # Rule 6's exception (a CPU's rows in bf16): where rule 2 keeps a shape's bf16 step on a CPU, with a time budget up to
 # CPU_ROWS_MAX_SECONDS and no --batch-size, the step is probed again at CPU_BF16_ROWS and trains there unless that
 # reads slower. On 2 Zen 5 cores (AVX512-BF16) 64 rows ran 1.29-1.36x the tokens/s of 32 for 512/128 in bf16 (1.5x
-# for 1024/256's eager probes) and ended 0.8-7.3% lower in six of seven pairs run at 15 and 60 minutes (docs/auto.md,
-# "Batch rows at equal time"); fp32 on AVX2 bought 1.19x and lost. Budgets over an hour have not been run at 64 rows
-# on a CPU and keep 32.
+# for 1024/256's eager probes) and ended 0.8-7.3% lower in six of eight pairs run at 15 and 60 minutes (docs/auto.md,
+# "Batch rows at equal time"; the two losses, both on the poems' quarter hour, a tipped shape and rule 3's dropout
+# step, which 64 rows' passes crossed: at 0.1 they won by 4.8%); fp32 on AVX2 bought 1.19x and lost. Budgets over an
+# hour have not been run at 64 rows on a CPU and keep 32.
 CPU_BF16_ROWS = 64
 CPU_ROWS_MAX_SECONDS = 3600.0
 # Batch rows need this many training sentences each to be spread over sensibly: the base rows' floor (a refusal),
@@ -159,11 +161,11 @@ VALIDATION_OVER_TRAINING = 1.4
 VALIDATION_SHARE = 0.035  # the validations' share of a time budget the cadence keeps to, ...
 VALIDATION_MINUTES = 10.0  # ... from the recipe's every 10 minutes, stretched to at most a third of the budget
 # Rule 1's second read of a larger shape: the larger shape's two 6-s reads over the smaller shape's two, each pair
-# adjacent, in place of the faster of its own two reads over the smaller shape's one. On 2 Zen 5 cores, 20 rounds of
+# adjacent, in place of the faster of its own two reads over the smaller shape's one. On 2 Zen 5 cores, 16 rounds of
 # both shapes' bf16 steps at 64 rows on the poems (`bench_probe --pairs`, docs/auto.md) gave the larger shape's speed
-# over the smaller's between 0.467 and 0.530 that way, where the faster read made 0.457 to 0.573 and reached the
-# share of 0.55 in 5 rounds of 20 (the poems' quarter hour took 1024/256 so, on a read 16% over its first, and lost)
-READ_SPREAD_MAX = 1.5  # two reads further apart than this: one is an outlier (440, then 1,392 tokens/s on Zen 3)
+# over the smaller's between 0.453 and 0.535 that way (reads of 30 s: 0.488), where the faster read made 0.47 to
+# 0.594 and reached the share of 0.55 in 3 rounds of 16 (the poems' quarter hour took 1024/256 so, and lost)
+READ_SPREAD_MAX = 1.5  # reads further apart: one is an outlier (440 tokens/s one hour on Zen 3, 1,392 the next)
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
 PROBE_SECONDS = (1.0, 6.0)
 
@@ -444,12 +446,13 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         """A larger shape's tokens/s from two reads, each beside a read of the smaller shape's eager step (the shape
         taken): that step is read again, then the larger shape, and the larger shape's two reads over the smaller
         one's two give its speed at the smaller one's first read. Where its own two reads are more than
-        `READ_SPREAD_MAX` apart, the faster is taken over its neighbour instead (one read can be an outlier: 440
-        tokens/s, then 1,392, on 2 Zen 3 cores)."""
+        `READ_SPREAD_MAX` apart, the faster is taken over its neighbour instead (one read can be an outlier:
+        1024/256 read 440 tokens/s in one hour's probe on 2 Zen 3 cores and 1,392 in the next)."""
         small, small_dtype, small_rows = chosen[0], chosen[7], chosen[3]
-        before = next(p.tokens_per_s for p in reversed(probes) if (p.shape, p.dtype, p.rows, p.compiled) ==
-                      (small.name, small_dtype, small_rows, False))
+        before = next((p.tokens_per_s for p in reversed(probes) if (p.shape, p.dtype, p.rows, p.compiled) ==
+                       (small.name, small_dtype, small_rows, False)), 0.0)
         now = rate_of(small, small_dtype, small_rows)
+        before = before or now
         again = rate_of(shape, dtype, rows)
         if now <= 0 or again <= 0:
             return max(first, again)
