@@ -56,9 +56,12 @@ makes a short probe fragile.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -66,7 +69,7 @@ from benchmarks.corpora import probe_arguments, probe_corpus
 from benchmarks.results import Recording
 from elmo_cli import auto, machine
 from elmo_cli.model import BiLM
-from elmo_cli.train import measure_throughput, open_shards, validation_perplexity
+from elmo_cli.train import measure_throughput, open_shards, train, validation_perplexity
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,12 +242,6 @@ def pair_probes(data, base, negatives: int, dtype: str, args, command: str) -> N
 
 def run_between_probes(data, base, negatives: int, dtype: str, args, command: str) -> None:
     """``--run``: two probes, a real run of ``args.run`` seconds, two probes, one process, one step."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from elmo_cli.train import train
-
     rows, probe_s = args.rows[0], auto.PROBE_SECONDS[1]
     config = auto._config(base, auto.LADDER[0], dtype, negatives, args.threads).with_training(
         device="cpu", batch_size=rows, compile=args.compiled)
