@@ -25,7 +25,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
-   few times needs little, one that sees it fifty times needs much; the smallest shape keeps at most `laptop`'s
+   few times needs little, one that sees it fifty times needs much, and a larger corpus takes more passes to
+   overfit (`dropout_step`: the step from 0.1 to 0.3 comes at 8 passes of 0.2M tokens and about 10 of 1M); the
+   smallest shape keeps at most `laptop`'s
    (`SMALLEST_MAX_DROPOUT`), its 0.4 having lost an hour on the addresses by 4.7% (docs/auto.md).
 4. A budget that takes the run near the passes the corpus bears (`decay_from`: `DECAY_CAP_SHARE` of the cap of
    5., and never under `DECAY_FROM_EPOCHS`) trains with AdamW and decoupled weight decay (`WEIGHT_DECAY`): where
@@ -106,8 +108,14 @@ BF16_GAIN = 1.15  # bf16 autocast is kept when the probe finds it at least this 
 SQRT_TOKENS_PER_PASS = 30.0  # a time budget buying more than sqrt(tokens)/30 passes ends there (max_epochs)
 MIN_CAP_EPOCHS = 12.0  # ... but never below 12 passes
 EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape an hour would get
-# (expected epochs below, dropout): the first row whose bound exceeds the epochs applies.
+# (expected epochs below, dropout): the first row whose bound exceeds the epochs applies; the first bound is that of
+# a corpus of DROPOUT_STEP_TOKENS, and grows by DROPOUT_STEP_PER_DOUBLING passes each time the corpus doubles past it
+# (dropout_step): 8 passes at 0.2M tokens (0.3 best at 8.8 there), 9.9-10.4 at 0.75-1.05M (at 9.5 passes 0.1 won the
+# poems by 9.1% and the addresses by 1.9%, and was 0.6% behind on the Spanish Bible, where 0.3 won at 10.9-11.5 by
+# 3.7%: docs/auto.md, "Rule 3's step on a larger corpus")
 DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
+DROPOUT_STEP_TOKENS = 200_000
+DROPOUT_STEP_PER_DOUBLING = 1.0
 # ... but the smallest shape keeps at most `laptop`'s 0.3: 0.4 was measured on 1024/256 (Austen and the KJV, 2 hours
 # at 25-29 passes); on 512/128 it ended an hour on the addresses (Zen 5, 28.3 passes expected, 20.9 made) at 0.655
 # against laptop's 0.626 right after (the same shape at 0.3, 19.8 passes; docs/auto.md), and 2 hours to the
@@ -228,8 +236,19 @@ class Choice:
                             "tokens_per_s": round(p.tokens_per_s, 1)} for p in self.probes]}
 
 
-def dropout_for(epochs: float) -> float:
-    return next(d for bound, d in DROPOUT_BY_EPOCHS if epochs < bound)
+def dropout_step(train_tokens: int) -> float:
+    """The expected passes from which rule 3 steps from its lightest dropout to the next: 8 up to 0.2M tokens, one
+    more each time the corpus doubles past that (10 at 0.8M). A larger corpus takes more passes to overfit at 0.1:
+    on 0.2M tokens 0.3 was best at 8.8 passes; on 1.05M (the poems) 0.1 won at 7.9 and 9.5 passes by 9%; on 0.75M
+    (the Spanish Bible) the two were level at 9.5 and 0.3 won at 10.9-11.5."""
+    first = DROPOUT_BY_EPOCHS[0][0]
+    return round(first + DROPOUT_STEP_PER_DOUBLING * max(0.0, math.log2(train_tokens / DROPOUT_STEP_TOKENS)), 1)
+
+
+def dropout_for(epochs: float, train_tokens: int) -> float:
+    """Rule 3's dropout for the passes a run is expected to make over a corpus of `train_tokens`."""
+    bounds = (dropout_step(train_tokens), *(bound for bound, _ in DROPOUT_BY_EPOCHS[1:]))
+    return next(d for bound, (_, d) in zip(bounds, DROPOUT_BY_EPOCHS) if epochs < bound)
 
 
 def max_epochs(train_tokens: int) -> float:
@@ -508,10 +527,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     capped = not facts.epochs and budget_epochs > cap
     if facts.epochs:  # the passes asked for, or the clock's where it ends the run first; dropout follows them
         epochs = min(facts.epochs, budget_epochs) if facts.budget_seconds else facts.epochs
-        dropout = dropout_for(epochs)
+        dropout = dropout_for(epochs, facts.train_tokens)
     else:  # the budget's passes up to the cap; a capped run keeps the dropout of its whole budget
         epochs = min(budget_epochs, cap)
-        dropout = dropout_for(budget_epochs)
+        dropout = dropout_for(budget_epochs, facts.train_tokens)
     if shape is LADDER[0]:
         dropout = min(dropout, SMALLEST_MAX_DROPOUT)
     decay = WEIGHT_DECAY if epochs >= near and (shape is not LADDER[0]
