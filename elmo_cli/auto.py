@@ -247,8 +247,9 @@ def dropout_step(train_tokens: int) -> float:
 
 def dropout_for(epochs: float, train_tokens: int) -> float:
     """Rule 3's dropout for the passes a run is expected to make over a corpus of `train_tokens`."""
-    bounds = (dropout_step(train_tokens), *(bound for bound, _ in DROPOUT_BY_EPOCHS[1:]))
-    return next(d for bound, (_, d) in zip(bounds, DROPOUT_BY_EPOCHS) if epochs < bound)
+    if epochs < dropout_step(train_tokens):
+        return DROPOUT_BY_EPOCHS[0][1]
+    return next(d for bound, d in DROPOUT_BY_EPOCHS[1:] if epochs < bound)
 
 
 def max_epochs(train_tokens: int) -> float:
