@@ -9,7 +9,7 @@ cost in quality at equal time is not measured here: an hour per cell).
     python -m benchmarks.bench_probe --validation [--corpus sotu] [--rows 32] [--label NAME]
     python -m benchmarks.bench_probe --settle 40 [--idle 30] [--repeats 2] [--corpus sotu] [--label NAME]
     python -m benchmarks.bench_probe --pairs 6 [--rows 64] [--seconds 30] [--repeats 2] [--corpus tang] [--label NAME]
-    python -m benchmarks.bench_probe --run 600 [--rows 64] [--compiled] [--corpus sotu] [--label NAME]
+    python -m benchmarks.bench_probe --run 600 [--rows 64] [--repeats 4] [--compiled] [--corpus sotu] [--label NAME]
 
 ``--validation`` also times, REPEATS times per shape, one validation of the corpus's held-out shards as `train`
 makes it (`train.validation_perplexity`: full softmax, fp32, eager, 64 rows) on a fresh model, and its tokens/s
@@ -41,11 +41,14 @@ it reaches `auto.MIN_PASS_SHARE` (a rate ratio stands in for rule 1's share of p
 shape's validations).
 
 ``--run SECONDS`` asks whether a run slows against the probe that chose it: `auto`'s probe of the smaller shape's
-step (bf16 where native, eager, or compiled with ``--compiled``, at the first of ``--rows``) twice, a real run of
-that step (`train.train`: no validation, no checkpoint until its end) for SECONDS in the same process, and the
-probe twice again. It keeps the run's tokens/s by minute (the median of its records) and its mean. Where the
-probes after the run read as the run's last minutes, the host slowed; where they read as the probes before it,
-the run's own state (its model, optimizer, allocator) would be the cause.
+step (bf16 where native, eager, or compiled with ``--compiled``, at the first of ``--rows``) in REPEATS rounds of
+one read in this process and one in a new one (spawned, in alternating order), a real run of that step
+(`train.train`: no validation, no checkpoint until its end) for SECONDS in this process, and the rounds again. It
+keeps the run's tokens/s by minute (the median of its records), its mean and the process's resident memory
+before and after. Where the reads after the run, in both kinds of process, read as the run's last minutes, the
+host slowed; where the new processes read faster than the one that ran, the run's own state (its heap, its
+thread pools) is the cause. Runs before 2026-12-06 evening read twice in this process before and after, and no
+new process.
 
 Each (shape, dtype, rows) is measured REPEATS times, in alternating order, with min and median kept; the bf16/fp32
 ratio per shape
@@ -241,33 +244,78 @@ def pair_probes(data, base, negatives: int, dtype: str, args, command: str) -> N
 
 
 def run_between_probes(data, base, negatives: int, dtype: str, args, command: str) -> None:
-    """``--run``: two probes, a real run of ``args.run`` seconds, two probes, one process, one step."""
+    """``--run``: probes in this process and in new ones, a real run of ``args.run`` seconds in this one, the probes
+    again."""
     rows, probe_s = args.rows[0], auto.PROBE_SECONDS[1]
     config = auto._config(base, auto.LADDER[0], dtype, negatives, args.threads).with_training(
         device="cpu", batch_size=rows, compile=args.compiled)
     run_config = config.with_training(max_time=args.run, epochs=1000.0, checkpoint_minutes=0.0, checkpoint_every=0,
                                       baseline=False, log_every=10)
+    train_dir = args.out / args.corpus / "train"
+
+    def rounds() -> tuple[list[float], list[float]]:
+        """``--repeats`` rounds of one read in this process and one in a new process, in alternating order."""
+        here, fresh = [], []
+        for r in range(args.repeats):
+            for where in (("here", "fresh") if r % 2 == 0 else ("fresh", "here")):
+                if where == "here":
+                    here.append(measure_throughput(config, data, probe_s))
+                else:
+                    fresh.extend(_fresh_process_probes(config, train_dir, probe_s, 1))
+        return here, fresh
+
     with Recording("probe", command, args.threads, args.label) as rec:
-        before = [measure_throughput(config, data, probe_s) for _ in range(2)]
+        before, before_fresh = rounds()
+        rss_before = _rss_mib()
         with tempfile.TemporaryDirectory() as tmp:
-            result = train(run_config, args.out / args.corpus / "train", Path(tmp) / "run")
+            result = train(run_config, train_dir, Path(tmp) / "run")
             records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
-        after = [measure_throughput(config, data, probe_s) for _ in range(2)]
+        rss_after = _rss_mib()
+        after, after_fresh = rounds()
         timed = [r for r in records if r.get("kind") == "train"][1:]  # the first record holds the first steps
         by_minute = [statistics.median(r["tokens_per_s"] for r in timed if m * 60 <= r["elapsed"] < (m + 1) * 60)
                      for m in range(int(timed[-1]["elapsed"] // 60) + 1)]
         mean = result.mean_tokens_per_s
         rec.figures = {"corpus": args.corpus, "rows": rows, "dtype": dtype, "compiled": args.compiled,
                        "negatives": negatives, "run_seconds": args.run, "torch_threads": args.threads,
-                       "probes_before": [round(x) for x in before], "probes_after": [round(x) for x in after],
+                       "probes_before": [round(x) for x in before],
+                       "probes_before_fresh_process": [round(x) for x in before_fresh],
+                       "probes_after": [round(x) for x in after],
+                       "probes_after_fresh_process": [round(x) for x in after_fresh],
+                       "rss_mib_before_run": rss_before, "rss_mib_after_run": rss_after,
                        "run_tokens_per_s_by_minute": [round(x) for x in by_minute],
                        "run_tokens_per_s_mean": round(mean, 1),
                        "probes before over the run's mean": [round(x / mean, 3) for x in before],
                        "probes after over the run's mean": [round(x / mean, 3) for x in after],
+                       "fresh processes' probes before, after over the run's mean": [
+                           round(statistics.median(before_fresh) / mean, 3),
+                           round(statistics.median(after_fresh) / mean, 3)],
                        "run's minutes: slowest, fastest over its mean": [round(min(by_minute) / mean, 3),
                                                                         round(max(by_minute) / mean, 3)]}
         for key, value in rec.figures.items():
             print(f"{key}: {value}")
+
+
+def _fresh_process_probes(config, train_dir: Path, seconds: float, count: int) -> list[float]:
+    """`count` probes of `config` in a new interpreter (spawned, nothing inherited but the arguments): what the
+    same step reads outside the process that ran, in the same minute."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_probes_in_this_process, (config, train_dir, seconds, count))
+
+
+def _probes_in_this_process(config, train_dir: Path, seconds: float, count: int) -> list[float]:
+    data = open_shards(train_dir)
+    return [measure_throughput(config, data, seconds) for _ in range(count)]
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
 def trace_probes(data, base, negatives: int, dtypes, args, command: str) -> None:

@@ -211,11 +211,14 @@ class _TrainReport:
 
 
 def _probe_against_run(choice, result) -> str:
-    """`auto`'s passes and rate expected against what the run made: how far its probe was from this host's pace."""
-    off = choice.tokens_per_s / result.mean_tokens_per_s - 1
+    """`auto`'s passes and rate expected against what the run made: how far its estimate (the probe's rate, on a
+    CPU at the share a run sustains) was from this host's pace."""
+    share = choice.sustained
+    off = share * choice.tokens_per_s / result.mean_tokens_per_s - 1
     side = "over" if off > 0 else "under"
-    return (f"auto expected {choice.expected_epochs:.1f} passes at its probe's {choice.tokens_per_s:,.0f} tokens/s; "
-            f"the run made {result.epochs:.1f} at {result.mean_tokens_per_s:,.0f} tokens/s (the probe "
+    at = f"{share:g} of its probe's" if share != 1 else "its probe's"
+    return (f"auto expected {choice.expected_epochs:.1f} passes at {at} {choice.tokens_per_s:,.0f} tokens/s; "
+            f"the run made {result.epochs:.1f} at {result.mean_tokens_per_s:,.0f} tokens/s (the estimate "
             f"{abs(off):.0%} {side} the run)")
 
 
