@@ -261,7 +261,7 @@ def run_between_probes(data, base, negatives: int, dtype: str, args, command: st
                 if where == "here":
                     here.append(measure_throughput(config, data, probe_s))
                 else:
-                    fresh.extend(_fresh_process_probes(config, train_dir, probe_s, 1))
+                    fresh.append(_read_in_a_new_process(config, train_dir, probe_s))
         return here, fresh
 
     with Recording("probe", command, args.threads, args.label) as rec:
@@ -296,18 +296,17 @@ def run_between_probes(data, base, negatives: int, dtype: str, args, command: st
             print(f"{key}: {value}")
 
 
-def _fresh_process_probes(config, train_dir: Path, seconds: float, count: int) -> list[float]:
-    """`count` probes of `config` in a new interpreter (spawned, nothing inherited but the arguments): what the
-    same step reads outside the process that ran, in the same minute."""
+def _read_in_a_new_process(config, train_dir: Path, seconds: float) -> float:
+    """One probe of `config` in a new interpreter (spawned, nothing inherited but the arguments): what the same
+    step reads outside the process that ran, in the same minute."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_probes_in_this_process, (config, train_dir, seconds, count))
+        return pool.apply(_read_here, (config, train_dir, seconds))
 
 
-def _probes_in_this_process(config, train_dir: Path, seconds: float, count: int) -> list[float]:
-    data = open_shards(train_dir)
-    return [measure_throughput(config, data, seconds) for _ in range(count)]
+def _read_here(config, train_dir: Path, seconds: float) -> float:
+    return measure_throughput(config, open_shards(train_dir), seconds)
 
 
 def _rss_mib() -> float:

@@ -6,9 +6,9 @@
 For each `--preset auto` run of ``benchmarks/results/quality-*.json`` that saved its probe (``probe_tokens_per_s``:
 the rate the rule counted passes by) and its training rate, it takes the probe over the run. The run's rate is its
 mean (``tokens_per_s_mean``: tokens over the seconds that trained, validations and checkpoints left out), or in
-runs saved before that was kept (2026-12-05) the median of its records (``tokens_per_s_median``). The median of those ratios
-on the tuning corpora (`TUNING`: the rule's constants were chosen there, docs/auto.md) gives the share of a
-probe's read that a run sustains, 1 / median, to two places. On the held-out corpora it counts the runs whose
+runs saved before that was kept (2026-12-05) the median of its records (``tokens_per_s_median``). The median of
+those ratios on the tuning corpora (`TUNING`: the rule's constants were chosen there, docs/auto.md) gives the
+share of a probe's read that a run sustains, 1 / median, to two places. On the held-out corpora it counts the runs whose
 probe lands within 10% of the run, as read and at that share (or at ``--share``), by CPU. Reads saved files only:
 nothing is timed, so the machine and load it records are not the runs'. Results:
 benchmarks/results/probe-bias-DATE.json.
@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks.results import RESULTS_DIR, Recording
 
 TUNING = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh")  # the rule's constants were chosen on these
-WITHIN = 0.10  # the issue's bound on a probe against its run
+WITHIN = 0.10  # how close to its run a probe should read (docs/auto.md, rule 10)
 
 
 def probe_over_run(results_dir: Path = RESULTS_DIR) -> list[dict]:
