@@ -9,8 +9,9 @@ average perplexity (full softmax, stateless: `elmo-cli evaluate`'s) over an orde
 training text: biLM/KN5, set beside the target for that preset and budget (`TARGETS`).
 
     python -m benchmarks.bench_quality [--corpus austen ...] [--preset auto laptop] [--minutes 60 ...]
-                                       [--out DIR] [--threads 2] [--rows 32 64 ...] [--dropout 0.1 ...]
-                                       [--lr 0.006 ...] [--weight-decay 0 ...] [--shape 1024/256 ...]
+                                       [--out DIR] [--threads 2] [--train-share 0.45] [--rows 32 64 ...]
+                                       [--dropout 0.1 ...] [--lr 0.006 ...] [--weight-decay 0 ...]
+                                       [--shape 1024/256 ...]
                                        [--epochs preset 200 ...]
 
 `make bench-quality` runs the 60-minute column: austen-0.2M, austen, kjv and austen+kjv, auto and laptop (eight runs
@@ -109,6 +110,7 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
     config = json.loads((run_dir / "config.json").read_text())
     return {"corpus": info["corpus"], "preset": preset, "minutes": minutes, "threads": threads,
             "train_tokens": info["train_tokens"], "vocab_size": info["vocab_size"],
+            **({"train_share": info["train_share"]} if "train_share" in info else {}),
             "kn5": round(baseline["average_perplexity"], 3), "best_average_perplexity": best["average_perplexity"],
             "best_step": best["step"], "ratio_kn5": round(best["average_perplexity"] / baseline["average_perplexity"], 4),
             "curve": [(round(v["elapsed"] / 60, 1), v["average_perplexity"]) for v in validations],
@@ -174,6 +176,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--minutes", nargs="+", type=float, default=[60.0])
     parser.add_argument("--out", type=Path, default=Path("bench-out/quality"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-share", type=float, default=1.0,
+                        help="keep this share of each corpus's training lines, spread evenly (held-out text whole)")
     parser.add_argument("--label", default=None, help="results file quality-LABEL-DATE.json (runs side by side)")
     parser.add_argument("--rows", nargs="+", type=int, default=[None],
                         help="batch rows to train each preset at (quality at equal time by rows); default the preset's")
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         infos, skipped = {}, {}
         for corpus in args.corpus:  # every split first: a missing corpus is said before hours of runs, not after
             try:
-                infos[corpus] = prepare(corpus, args.out / "data" / corpus)
+                infos[corpus] = prepare(corpus, args.out / "data" / corpus, args.train_share)
             except MissingCorpus as e:
                 skipped[corpus] = str(e)
                 print(f"skipping {corpus}: {e}", file=sys.stderr, flush=True)

