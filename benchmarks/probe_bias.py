@@ -4,7 +4,8 @@
     python -m benchmarks.probe_bias [--share 0.95] [--label NAME]
 
 For each `--preset auto` run of ``benchmarks/results/quality-*.json`` that saved its probe (``probe_tokens_per_s``:
-the rate the rule counted passes by) and its training rate, it takes the probe over the run. The run's rate is its
+the rate the rule counted passes by) and its training rate, it takes the probe over the run; a run with another
+shape laid over the rule's choice (``--shape``) is left out, since its probe read the shape it did not train. The run's rate is its
 mean (``tokens_per_s_mean``: tokens over the seconds that trained, validations and checkpoints left out), or in
 runs saved before that was kept (2026-12-05) the median of its records (``tokens_per_s_median``). The median of
 those ratios on the tuning corpora (`TUNING`: the rule's constants were chosen there, docs/auto.md) gives the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -36,10 +38,18 @@ def probe_over_run(results_dir: Path = RESULTS_DIR) -> list[dict]:
             rate = run.get("tokens_per_s_mean") or run.get("tokens_per_s_median")
             if run.get("preset") != "auto" or not run.get("probe_tokens_per_s") or not rate:
                 continue
+            if probed_shape(run) != run["shape"]:  # `--shape` laid over the choice: the probe read another model
+                continue
             runs.append({"file": path.name, "corpus": run["corpus"], "cpu": run.get("cpu", "?"),
                          "minutes": run.get("minutes"), "run_rate": "mean" if run.get("tokens_per_s_mean") else
                          "median", "ratio": round(run["probe_tokens_per_s"] / rate, 4)})
     return runs
+
+
+def probed_shape(run: dict) -> str | None:
+    """The shape the rule chose and probed, from its line (`auto: LSTM 1024/256, ...`), as `run["shape"]` spells it."""
+    match = re.match(r"auto: LSTM (\d+/\d+)", run.get("auto") or "")
+    return match.group(1) if match else None
 
 
 def sustained_share(runs: list[dict]) -> float:
