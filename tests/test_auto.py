@@ -165,6 +165,19 @@ def test_a_cpu_runs_passes_are_counted_at_the_share_of_its_probe_that_a_run_sust
         in capped.reason, capped.reason
 
 
+def test_a_run_with_a_shape_laid_over_the_rules_choice_is_not_counted_against_its_probe(tmp_path):
+    """Its probe read the shape the rule chose (`1024/256`), not the one that trained: set over that run's rate it
+    would read 0.62x, the probe's bias of neither shape."""
+    from benchmarks import probe_bias
+
+    base = {"preset": "auto", "corpus": "web", "cpu": "c", "minutes": 30, "tokens_per_s_mean": 10_000.0}
+    runs = [base | {"shape": "512/128", "probe_tokens_per_s": 11_000.0, "auto": "auto: LSTM 512/128, bf16, 64 rows"},
+            base | {"shape": "512/128", "probe_tokens_per_s": 6_200.0, "asked_shape": "512/128",
+                    "auto": "auto: LSTM 1024/256, bf16, dropout 0.3, ...; yours over it: LSTM 512/128"}]
+    (tmp_path / "quality-x-2026-12-07.json").write_text(json.dumps({"figures": {"runs": runs}}))
+    assert [r["ratio"] for r in probe_bias.probe_over_run(tmp_path)] == [1.1]
+
+
 def test_the_sustained_share_is_the_one_the_saved_runs_give():
     """`auto.SUSTAINED_SHARE` is 1 / the median probe-over-run ratio of the tuning corpora's saved `auto` runs, as
     `python -m benchmarks.probe_bias` saved it; its held-out count is redone from the runs it lists."""
