@@ -10,8 +10,11 @@ run's rate is its mean (``tokens_per_s_mean``: tokens over the seconds that trai
 runs saved before that was kept (2026-12-05) the median of its records (``tokens_per_s_median``). The median of
 those ratios on the tuning corpora (`TUNING`: the rule's constants were chosen there, docs/auto.md) gives the
 share of a probe's read that a run sustains, 1 / median, to two places. On the held-out corpora it counts the runs whose
-probe lands within 10% of the run, as read and at that share (or at ``--share``), by CPU. Reads saved files only:
-nothing is timed, so the machine and load it records are not the runs'. Results:
+probe lands within 10% of the run, as read and at that share (or at ``--share``), by CPU. Two figures say what a
+longer read would buy: over every saved run with three 5-minute windows or more (any preset: the host is the same),
+how often the first window reads the rest within 10%; and over the `auto` runs that printed their end line, those
+whose own passes (made, not expected) would have taken another dropout under rule 3 as it is now. Reads saved files
+only: nothing is timed, so the machine and load it records are not the runs'. Results:
 benchmarks/results/probe-bias-DATE.json.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.results import RESULTS_DIR, Recording
+from elmo_cli import auto
 
 TUNING = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh")  # the rule's constants were chosen on these
 WITHIN = 0.10  # how close to its run a probe should read (docs/auto.md, rule 10)
@@ -52,6 +56,43 @@ def probed_shape(run: dict) -> str | None:
     return match.group(1) if match else None
 
 
+def first_window_over_rest(results_dir: Path = RESULTS_DIR) -> list[float]:
+    """Every saved run's first 5-minute rate over the mean of its later 5-minute rates (runs with three or more)."""
+    ratios = []
+    for path in sorted(results_dir.glob("quality-*.json")):
+        for run in json.loads(path.read_text())["figures"].get("runs", []):
+            windows = run.get("tokens_per_s_by_5min") or []
+            if len(windows) >= 3:
+                ratios.append(round(windows[0] / statistics.mean(windows[1:]), 4))
+    return ratios
+
+
+def dropout_moved(results_dir: Path = RESULTS_DIR) -> tuple[int, list[dict]]:
+    """(runs weighed, those moved): the `auto` runs whose passes as made would have taken another dropout than
+    their passes as expected, under rule 3 as it is now (`auto.dropout_for`, the smallest shape held to
+    `auto.SMALLEST_MAX_DROPOUT`). Not weighed: runs without the end line (``auto expected N passes ...``), with a
+    shape or passes laid over the choice, and runs expected to reach the pass cap (a capped run's passes are the
+    cap's, not its rate's)."""
+    weighed, moved = 0, []
+    for path in sorted(results_dir.glob("quality-*.json")):
+        for run in json.loads(path.read_text())["figures"].get("runs", []):
+            match = re.match(r"auto expected ([\d.]+) passes", run.get("estimate") or "")
+            if (run.get("preset") != "auto" or not match or not run.get("epochs") or run.get("asked_epochs")
+                    or probed_shape(run) != run["shape"]):
+                continue
+            expected, made, tokens = float(match.group(1)), run["epochs"], run["train_tokens"]
+            if expected >= auto.max_epochs(tokens):
+                continue
+            weighed += 1
+            limit = auto.SMALLEST_MAX_DROPOUT if run["shape"] == "512/128" else 1.0
+            before, after = (min(auto.dropout_for(x, tokens), limit) for x in (expected, made))
+            if before != after:
+                moved.append({"file": path.name, "corpus": run["corpus"], "train_tokens": tokens,
+                              "passes_expected": expected, "passes_made": round(made, 1),
+                              "dropout_expected": before, "dropout_made": after})
+    return weighed, moved
+
+
 def sustained_share(runs: list[dict]) -> float:
     """1 / the median probe-over-run ratio of the tuning corpora's runs, to two places."""
     return round(1 / statistics.median(r["ratio"] for r in runs if r["corpus"] in TUNING), 2)
@@ -70,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     runs = probe_over_run()
     share = args.share or sustained_share(runs)
+    windows = first_window_over_rest()
+    weighed, moved = dropout_moved()
     with Recording("probe-bias", " ".join(["python -m benchmarks.probe_bias", *argv]), label=args.label) as rec:
         tuning = [r["ratio"] for r in runs if r["corpus"] in TUNING]
         held = [r for r in runs if r["corpus"] not in TUNING]
@@ -89,11 +132,17 @@ def main(argv: list[str] | None = None) -> None:
             "held_out_by_cpu": {cpu: {"runs": len(x), "median_probe_over_run": round(statistics.median(x), 3),
                                       "within_10pct_as_read": within(x, 1.0),
                                       "within_10pct_at_share": within(x, share)} for cpu, x in by_cpu.items()},
+            "first_5min_over_rest": {"runs": len(windows), "median": round(statistics.median(windows), 3),
+                                     "within_10pct": within(windows, 1.0)},
+            "dropout_weighed": weighed, "dropout_moved_by_passes_made": moved,
             "runs": runs,
         }
         for key, value in rec.figures.items():
-            if key != "runs":
+            if key not in ("runs", "dropout_moved_by_passes_made"):
                 print(f"{key}: {value}")
+        for m in moved:
+            print(f"dropout moved: {m['file']} {m['corpus']}: {m['passes_expected']} passes expected, "
+                  f"{m['passes_made']} made: {m['dropout_expected']} -> {m['dropout_made']}")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    probe's own seconds so far (the compilation's among them) and less its validations', each about
    `VALIDATION_OVER_TRAINING` times faster per token than its fp32 eager training step. Validations come every
    `VALIDATION_MINUTES`, or where one is slow as often as keeps them to `VALIDATION_SHARE` of the time (at most a
-   third of the budget apart); the run validates at that cadence. Counted over the whole budget, the passes
+   third of the budget apart); the run validates at that cadence, a run the pass cap ends included (not a
+   twentieth of its steps, training's own cadence). Counted over the whole budget, the passes
    expected were up to 17% over those the runs made (docs/auto.md).
 10. On a CPU the passes are counted at `SUSTAINED_SHARE` of the probe's rate: a run of minutes trains slower than
    the seconds that were read. Over the saved runs on the corpora the constants were tuned on, the probe read a
@@ -100,6 +101,7 @@ from typing import Callable
 
 from elmo_cli.config import ModelConfig
 from elmo_cli import machine
+from elmo_cli.data import steps_per_epoch
 from elmo_cli.distributed import launched_world_size
 from elmo_cli.loading import resolve_device
 from elmo_cli.presets import MODEL_SHAPES, PRESETS
@@ -558,6 +560,13 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     extra = {"optimizer": "adamw", "weight_decay": decay} if decay else {}
     if facts.budget_seconds and facts.validation_tokens and not facts.validation_minutes:
         extra["validation_minutes"] = every
+    if capped and facts.budget_seconds and facts.validation_tokens:
+        # The cap's steps end the run, so training's own cadence (a twentieth of the steps) would validate 20
+        # times where rule 9 counted one every `every` minutes: 13 more validations on 45% of the Spanish
+        # Bible's quarter hour, 2.2 of its 14.7 minutes (docs/auto.md). A cadence of the whole run's steps
+        # leaves the clock's alone; --validation-every still wins.
+        extra["validation_every"] = max(1, math.ceil(cap * steps_per_epoch(facts.train_tokens, rows,
+                                                                            base.training.unroll_steps)))
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
                                                                       epochs=run_epochs, **extra))
     if facts.budget_seconds:
@@ -574,7 +583,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if "validation_minutes" in extra and every != VALIDATION_MINUTES:
             why += f", validated every {every:g} min"
         if capped:
-            about = _minutes(cap * facts.train_tokens / (rate * facts.sustained))
+            to_cap = cap * facts.train_tokens / (rate * facts.sustained)
+            about = _minutes(to_cap + periodic_validations(to_cap, one, every) * one)
             why += f"; it stops after {cap:g} (about {about}): more passes overfit so little text"
     else:
         why = (f"{epochs:g} epochs asked for; the shape an hour would get ({budget_epochs:.1f} passes at "

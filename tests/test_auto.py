@@ -97,6 +97,29 @@ def test_past_the_cap_a_longer_budget_trains_the_same_run(no_bf16):
     assert auto.max_epochs(32_000) == 12.0 and auto.max_epochs(825_573) == 30.3
 
 
+def test_a_run_the_pass_cap_ends_validates_by_the_clock_not_twenty_times(no_bf16):
+    """Rule 9 counted one validation every 10 minutes; training's own cadence for a run its steps end would add a
+    twentieth of them. The cadence given is the whole run's steps, which `_validation_due` never reaches inside
+    the loop (the run's last validation comes after it), so the clock alone paces it."""
+    from elmo_cli.data import steps_per_epoch
+    from elmo_cli.train import _total_steps, _validation_due
+
+    measure = rates({(SMALL.name, "fp32"): 5600.0, (LARGE.name, "fp32"): 3200.0})
+    given = dataclasses.replace(facts(tokens=205_391, budget=3600, vocab=5116, sentences=9000),
+                                validation_tokens=60_000)
+    capped = choose(given, measure)
+    tc = capped.config.training
+    total = _total_steps(tc, steps_per_epoch(205_391, tc.batch_size, tc.unroll_steps))
+    assert tc.epochs == 15.1 and tc.validation_every == total and tc.validation_minutes == 10
+    assert not any(_validation_due(tc, step, total, 60.0) for step in range(1, total))
+    assert _validation_due(tc, 400, total, 600.0)
+    # one validation of 60,000 tokens at 1.4 x 3,200 tokens/s is 13 s: the 16.2 minutes to the cap hold one
+    assert "it stops after 15.1 (about 16.4 min)" in capped.reason, capped.reason
+    # a run the clock ends keeps training's cadence, which the clock already leads
+    free = choose(dataclasses.replace(given, train_tokens=800_000, train_sentences=30_000), measure)
+    assert free.config.training.validation_every == 0
+
+
 def test_weight_decay_where_the_run_nears_the_passes_its_corpus_bears(no_bf16):
     measure = rates({(SMALL.name, "fp32"): 3750.0, (LARGE.name, "fp32"): 1800.0})
     # 0.2M tokens: the cap is 15.1 passes and decay starts at 12 (0.8 x 15.1 = 12.1); 1,800 tokens/s x 25 min
@@ -176,6 +199,29 @@ def test_a_run_with_a_shape_laid_over_the_rules_choice_is_not_counted_against_it
                     "auto": "auto: LSTM 1024/256, bf16, dropout 0.3, ...; yours over it: LSTM 512/128"}]
     (tmp_path / "quality-x-2026-12-07.json").write_text(json.dumps({"figures": {"runs": runs}}))
     assert [r["ratio"] for r in probe_bias.probe_over_run(tmp_path)] == [1.1]
+
+
+def test_probe_bias_finds_the_runs_whose_own_passes_would_have_taken_another_dropout(tmp_path):
+    """Rule 3 on 0.96M tokens steps at 10.3 passes: a run expected at 10.9 and made 9.7 moves (0.3 -> 0.1); one
+    made 10.5 does not; one expected past the pass cap (32.6 there) is not weighed; nor one whose passes were
+    asked for. The first 5-minute window is read against the mean of the later ones."""
+    from benchmarks import probe_bias
+
+    base = {"preset": "auto", "corpus": "web", "train_tokens": 958_751, "shape": "512/128",
+            "auto": "auto: LSTM 512/128, bf16, 64 rows"}
+    runs = [base | {"epochs": 9.7, "estimate": "auto expected 10.9 passes at 0.94 of its probe's 10,000 tokens/s",
+                    "tokens_per_s_by_5min": [11_000.0, 10_000.0, 10_000.0]},
+            base | {"epochs": 10.5, "estimate": "auto expected 10.9 passes at 0.94 of ...",
+                    "tokens_per_s_by_5min": [12_000.0, 10_000.0, 10_400.0]},
+            base | {"epochs": 20.0, "estimate": "auto expected 33.0 passes at 0.94 of ..."},
+            base | {"epochs": 7.0, "asked_epochs": 7.0, "estimate": "auto expected 10.9 passes at 0.94 of ..."},
+            {"preset": "laptop", "tokens_per_s_by_5min": [9_000.0, 10_000.0]}]
+    (tmp_path / "quality-x-2026-12-07.json").write_text(json.dumps({"figures": {"runs": runs}}))
+    weighed, moved = probe_bias.dropout_moved(tmp_path)
+    assert weighed == 2
+    assert [(m["passes_expected"], m["passes_made"], m["dropout_expected"], m["dropout_made"]) for m in moved] == \
+        [(10.9, 9.7, 0.3, 0.1)]
+    assert probe_bias.first_window_over_rest(tmp_path) == [1.1, 1.1765]
 
 
 def test_the_sustained_share_is_the_one_the_saved_runs_give():
