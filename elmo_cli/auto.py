@@ -80,8 +80,8 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    expected were up to 17% over those the runs made (docs/auto.md).
 10. On a CPU the passes are counted at `SUSTAINED_SHARE` of the probe's rate: a run of minutes trains slower than
    the seconds that were read. Over the saved runs on the corpora the constants were tuned on, the probe read a
-   median 1.065x the run's mean rate (`python -m benchmarks.probe_bias`); on the held-out corpora 21 of 46 probes
-   were within 10% of their runs as read and 31 at 0.94 of it. On a GPU the probe's rate is counted as read (no
+   median 1.065x the run's mean rate (`python -m benchmarks.probe_bias`); on the held-out corpora 22 of 50 probes
+   were within 10% of their runs as read and 33 at 0.94 of it. On a GPU the probe's rate is counted as read (no
    GPU run has been set beside its probe).
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
