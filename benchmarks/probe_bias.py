@@ -34,19 +34,25 @@ TUNING = ("austen-0.2M", "austen", "kjv", "austen+kjv", "zh")  # the rule's cons
 WITHIN = 0.10  # how close to its run a probe should read (docs/auto.md, rule 10)
 
 
+def saved_runs(results_dir: Path = RESULTS_DIR):
+    """(file, run) for every run of the saved quality results, in file order."""
+    for path in sorted(results_dir.glob("quality-*.json")):
+        for run in json.loads(path.read_text())["figures"].get("runs", []):
+            yield path, run
+
+
 def probe_over_run(results_dir: Path = RESULTS_DIR) -> list[dict]:
     """Every saved `auto` run's probe over its run: file, corpus, CPU, minutes and the ratio, in file order."""
     runs = []
-    for path in sorted(results_dir.glob("quality-*.json")):
-        for run in json.loads(path.read_text())["figures"].get("runs", []):
-            rate = run.get("tokens_per_s_mean") or run.get("tokens_per_s_median")
-            if run.get("preset") != "auto" or not run.get("probe_tokens_per_s") or not rate:
-                continue
-            if probed_shape(run) != run["shape"]:  # `--shape` laid over the choice: the probe read another model
-                continue
-            runs.append({"file": path.name, "corpus": run["corpus"], "cpu": run.get("cpu", "?"),
-                         "minutes": run.get("minutes"), "run_rate": "mean" if run.get("tokens_per_s_mean") else
-                         "median", "ratio": round(run["probe_tokens_per_s"] / rate, 4)})
+    for path, run in saved_runs(results_dir):
+        rate = run.get("tokens_per_s_mean") or run.get("tokens_per_s_median")
+        if run.get("preset") != "auto" or not run.get("probe_tokens_per_s") or not rate:
+            continue
+        if probed_shape(run) != run["shape"]:  # `--shape` laid over the choice: the probe read another model
+            continue
+        runs.append({"file": path.name, "corpus": run["corpus"], "cpu": run.get("cpu", "?"),
+                     "minutes": run.get("minutes"), "run_rate": "mean" if run.get("tokens_per_s_mean") else
+                     "median", "ratio": round(run["probe_tokens_per_s"] / rate, 4)})
     return runs
 
 
@@ -59,11 +65,10 @@ def probed_shape(run: dict) -> str | None:
 def first_window_over_rest(results_dir: Path = RESULTS_DIR) -> list[float]:
     """Every saved run's first 5-minute rate over the mean of its later 5-minute rates (runs with three or more)."""
     ratios = []
-    for path in sorted(results_dir.glob("quality-*.json")):
-        for run in json.loads(path.read_text())["figures"].get("runs", []):
-            windows = run.get("tokens_per_s_by_5min") or []
-            if len(windows) >= 3:
-                ratios.append(round(windows[0] / statistics.mean(windows[1:]), 4))
+    for _, run in saved_runs(results_dir):
+        windows = run.get("tokens_per_s_by_5min") or []
+        if len(windows) >= 3:
+            ratios.append(round(windows[0] / statistics.mean(windows[1:]), 4))
     return ratios
 
 
@@ -74,22 +79,21 @@ def dropout_moved(results_dir: Path = RESULTS_DIR) -> tuple[int, list[dict]]:
     shape or passes laid over the choice, and runs expected to reach the pass cap (a capped run's passes are the
     cap's, not its rate's)."""
     weighed, moved = 0, []
-    for path in sorted(results_dir.glob("quality-*.json")):
-        for run in json.loads(path.read_text())["figures"].get("runs", []):
-            match = re.match(r"auto expected ([\d.]+) passes", run.get("estimate") or "")
-            if (run.get("preset") != "auto" or not match or not run.get("epochs") or run.get("asked_epochs")
-                    or probed_shape(run) != run["shape"]):
-                continue
-            expected, made, tokens = float(match.group(1)), run["epochs"], run["train_tokens"]
-            if expected >= auto.max_epochs(tokens):
-                continue
-            weighed += 1
-            limit = auto.SMALLEST_MAX_DROPOUT if run["shape"] == "512/128" else 1.0
-            before, after = (min(auto.dropout_for(x, tokens), limit) for x in (expected, made))
-            if before != after:
-                moved.append({"file": path.name, "corpus": run["corpus"], "train_tokens": tokens,
-                              "passes_expected": expected, "passes_made": round(made, 1),
-                              "dropout_expected": before, "dropout_made": after})
+    for path, run in saved_runs(results_dir):
+        match = re.match(r"auto expected ([\d.]+) passes", run.get("estimate") or "")
+        if (run.get("preset") != "auto" or not match or not run.get("epochs") or run.get("asked_epochs")
+                or probed_shape(run) != run["shape"]):
+            continue
+        expected, made, tokens = float(match.group(1)), run["epochs"], run["train_tokens"]
+        if expected >= auto.max_epochs(tokens):
+            continue
+        weighed += 1
+        limit = auto.SMALLEST_MAX_DROPOUT if run["shape"] == "512/128" else 1.0
+        before, after = (min(auto.dropout_for(x, tokens), limit) for x in (expected, made))
+        if before != after:
+            moved.append({"file": path.name, "corpus": run["corpus"], "train_tokens": tokens,
+                          "passes_expected": expected, "passes_made": round(made, 1),
+                          "dropout_expected": before, "dropout_made": after})
     return weighed, moved
 
 
