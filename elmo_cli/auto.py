@@ -7,21 +7,23 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
 1. The shapes of `LADDER` are probed from the smallest up. Each gets its expected passes over the corpus in the
    budget, ``epochs = tokens/s x seconds / training tokens``. A larger shape is taken when it still gets
    `MIN_EPOCHS` and either at least `MIN_PASS_SHARE` of the passes of the shape below it, counted before the pass
-   cap (5.), so in effect of its speed, or the passes near the cap (`decay_from`, where 4. gives it weight decay);
-   the smallest always qualifies, and the probe stops at the first that does not. A larger model learns more per
-   token, but not enough to make up for seeing its text much less often: counted by the passes the runs made
-   against `laptop`'s in the same cell, the hours it lost were at 0.511-0.545 of them (bf16, three held-out or
-   short cells on Zen 4 and 5) or under 0.45 (fp32: 0.33 an hour on an Intel Xeon, 7.6% behind), those it won
-   at 0.555 or more, and the 2-hour cells it won at a lower share it ended near the cap. Until 2026-12-04 the
-   share was 0.45, on the probes' shares of the wins (0.45-0.51), and it took the larger shape in three held-out
-   hours that it lost (Zen 4, Zen 5, an Intel AVX512-BF16 Xeon: 0.9-2.7% behind `laptop`). Where the
-   smaller shape reaches the cap, its capped passes are not the measure: an Intel Xeon's 2 hours took 1024/256 at
-   0.55 of them (0.41 of the speed, 17.7 passes, short of the cap) and lost to the smaller shape's hour
-   (docs/auto.md). Each shape's passes are those of its fastest step, compiled where 8. keeps that: the smaller
-   shape's compiled step is weighed against the larger one's. A larger shape its first probe would turn down is
-   read once more, just after the smaller shape's eager step is, and weighed at its two reads over the smaller
-   one's two (`READ_SPREAD_MAX`: where its own reads are far apart, at the faster; one hour's probe on 2 Zen 3
-   cores gave 1024/256 1.6 passes, the next hour's 5.1, which the run then trained at).
+   cap (5.), so in effect of its speed, or the passes near the cap (`decay_from`, where 4. gives it weight decay) on
+   a corpus where 4. gives the smallest shape none (over `SMALLEST_DECAY_MAX_TOKENS`; on less text the smaller shape
+   at the cap with decay was level with the larger, or 13-14% ahead of it); the smallest always qualifies, and the
+   probe stops at the first that does not. A larger model learns more per token, but not enough to make up for
+   seeing its text much less often: counted by the passes the runs made against `laptop`'s in the same cell, the
+   hours it lost were at 0.511-0.545 of them (bf16, three held-out or short cells on Zen 4 and 5) or under 0.45
+   (fp32: 0.33 an hour on an Intel Xeon, 7.6% behind), those it won at 0.555 or more, and the 2-hour cells it won at
+   a lower share it ended near the cap. Until 2026-12-04 the share was 0.45, on the probes' shares of the wins
+   (0.45-0.51), and it took the larger shape in three held-out hours that it lost (Zen 4, Zen 5, an Intel
+   AVX512-BF16 Xeon: 0.9-2.7% behind `laptop`). Where the smaller shape reaches the cap, its capped passes are not
+   the measure: an Intel Xeon's 2 hours took 1024/256 at 0.55 of them (0.41 of the speed, 17.7 passes, short of the
+   cap) and lost to the smaller shape's hour (docs/auto.md). Each shape's passes are those of its fastest step,
+   compiled where 8. keeps that: the smaller shape's compiled step is weighed against the larger one's. A larger
+   shape its first probe would turn down is read once more, just after the smaller shape's eager step is, and
+   weighed at its two reads over the smaller one's two (`READ_SPREAD_MAX`: where its own reads are far apart, at the
+   faster; one hour's probe on 2 Zen 3 cores gave 1024/256 1.6 passes, the next hour's 5.1, which the run then
+   trained at).
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
@@ -75,8 +77,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    probe's own seconds so far (the compilation's among them) and less its validations', each about
    `VALIDATION_OVER_TRAINING` times faster per token than its fp32 eager training step. Validations come every
    `VALIDATION_MINUTES`, or where one is slow as often as keeps them to `VALIDATION_SHARE` of the time (at most a
-   third of the budget apart); the run validates at that cadence, a run the pass cap ends included (not a
-   twentieth of its steps, training's own cadence). Counted over the whole budget, the passes
+   third of the budget apart); the run validates at that cadence. A run the pass cap ends spreads its validations
+   over the cap's steps instead, as many as half the budget it leaves unspent holds (`CAPPED_SPARE_SHARE`, at most
+   `CAPPED_VALIDATIONS_MAX`, training's own twentieth of the steps). Counted over the whole budget, the passes
    expected were up to 17% over those the runs made (docs/auto.md).
 10. On a CPU the passes are counted at `SUSTAINED_SHARE` of the probe's rate: a run of minutes trains slower than
    the seconds that were read. Over the saved runs on the corpora the constants were tuned on, the probe read a
@@ -176,6 +179,11 @@ COMPILED_GAIN_MAX = 1.6
 VALIDATION_OVER_TRAINING = 1.4
 VALIDATION_SHARE = 0.035  # the validations' share of a time budget the cadence keeps to, ...
 VALIDATION_MINUTES = 10.0  # ... from the recipe's every 10 minutes, stretched to at most a third of the budget
+# ... and a run the pass cap ends validates as often as half the budget it leaves unspent holds, at most this often
+# (training's own twentieth of the steps): the poems of `zh` peaked at 55-60% of their 12 capped passes, 1.7-2.6%
+# under where they ended (docs/auto.md)
+CAPPED_VALIDATIONS_MAX = 20
+CAPPED_SPARE_SHARE = 0.5
 # Rule 1's second read of a larger shape: the larger shape's two 6-s reads over the smaller shape's two, each pair
 # adjacent, in place of the faster of its own two reads over the smaller shape's one. On 2 Zen 5 cores, 16 rounds of
 # both shapes' bf16 steps at 64 rows on the poems (`bench_probe --pairs`, docs/auto.md) gave the larger shape's speed
@@ -413,7 +421,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             fp32, bf16 = (rate, best[1]) if other == "fp32" else (best[1], rate)
             dtype = "bf16" if bf16 >= BF16_GAIN * fp32 else "fp32"
             best = (dtype, bf16 if dtype == "bf16" else fp32, best[2])
-        if cpu_rows and best[0] == "bf16" and best[2] < CPU_BF16_ROWS:  # rule 6's exception
+        # rule 6's exception, unless the rows kept already reach the passes the run stops at: more rows would only
+        # end it sooner, with half the updates (the `zh` poems' 12 capped passes: 5.1% behind at 64 rows)
+        if (cpu_rows and best[0] == "bf16" and best[2] < CPU_BF16_ROWS
+                and passes_of(shape, best[1]) < (facts.epochs or cap)):
             rate = rate_of(shape, "bf16", CPU_BF16_ROWS)
             if rate >= best[1]:
                 best = ("bf16", rate, CPU_BF16_ROWS)
@@ -473,9 +484,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     def short_of_share(shape: Shape, passes: float, compiled: bool) -> str:
         """The line's clause refusing `shape` at `passes` under `MIN_PASS_SHARE` of the shape taken and short of
         the passes near the cap (`decay_from`), else ""."""
-        if chosen is None or passes >= near or passes >= MIN_PASS_SHARE * below:
+        if chosen is None or passes >= near_takes or passes >= MIN_PASS_SHARE * below:
             return ""
-        capped = f", and short of the {near:g} near the {cap:g}-pass cap" if below > cap else ""
+        nearing = below > cap and near_takes == near
+        capped = f", and short of the {near:g} near the {cap:g}-pass cap" if nearing else ""
         return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
                 f"{chosen[0].name}'s {below:.1f}{capped})")
 
@@ -502,7 +514,11 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     # The passes of the shape taken so far at its fastest step, not capped: the share weighs the shapes' speeds.
     # A larger shape that gets near the cap itself (where rule 4 gives it weight decay) is taken whatever its share.
     below = 0.0
+    # ... but only on a corpus where the smallest shape trains without weight decay at that cap (rule 4): on one
+    # where it has it too, the smaller shape at the cap was level with the larger (`austen-0.2M`) or ahead of it by
+    # 13-14% (20% of the WEB and of the addresses, docs/auto.md)
     near = decay_from(facts.train_tokens)
+    near_takes = near if facts.train_tokens > SMALLEST_DECAY_MAX_TOKENS else math.inf
     refused = ""
     for shape in LADDER:
         dtype, rate, rows = fastest(shape)
@@ -560,13 +576,20 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     extra = {"optimizer": "adamw", "weight_decay": decay} if decay else {}
     if facts.budget_seconds and facts.validation_tokens and not facts.validation_minutes:
         extra["validation_minutes"] = every
+    cap_validations = 1  # a capped run's validations by its steps, its last (after the loop) among them
     if capped and facts.budget_seconds and facts.validation_tokens:
         # The cap's steps end the run, so training's own cadence (a twentieth of the steps) would validate 20
-        # times where rule 9 counted one every `every` minutes: 13 more validations on 45% of the Spanish
-        # Bible's quarter hour, 2.2 of its 14.7 minutes (docs/auto.md). A cadence of the whole run's steps
-        # leaves the clock's alone; --validation-every still wins.
-        extra["validation_every"] = max(1, math.ceil(cap * steps_per_epoch(facts.train_tokens, rows,
-                                                                            base.training.unroll_steps)))
+        # times where rule 9 counted one every `every` minutes: 13 more on 45% of the Spanish Bible's quarter
+        # hour, which then reached its clock 2 steps short of its cap (docs/auto.md). Validations are spread over
+        # the cap's steps as half the budget the cap leaves unspent holds (at most 20): where one is cheap the
+        # best model is not missed (the poems of `zh` peak before their 12 passes end), where it is dear the
+        # clock's alone are made; --validation-every still wins.
+        one = one_validation(shape, rate)
+        to_cap = cap * facts.train_tokens / (rate * facts.sustained)
+        spare = budget - (clock() - began) - to_cap - periodic_validations(to_cap, one, every) * one
+        cap_validations = max(1, min(CAPPED_VALIDATIONS_MAX, 1 + math.floor(CAPPED_SPARE_SHARE * spare / one)))
+        cap_steps = math.ceil(cap * steps_per_epoch(facts.train_tokens, rows, base.training.unroll_steps))
+        extra["validation_every"] = max(1, math.ceil(cap_steps / cap_validations))
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
                                                                       epochs=run_epochs, **extra))
     if facts.budget_seconds:
@@ -584,8 +607,10 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             why += f", validated every {every:g} min"
         if capped:
             to_cap = cap * facts.train_tokens / (rate * facts.sustained)
-            about = _minutes(to_cap + periodic_validations(to_cap, one, every) * one)
-            why += f"; it stops after {cap:g} (about {about}): more passes overfit so little text"
+            validations = max(periodic_validations(to_cap, one, every), cap_validations - 1)
+            about = _minutes(to_cap + validations * one)
+            spread = f", validated {cap_validations} times" if cap_validations > 1 else ""
+            why += f"; it stops after {cap:g} (about {about}{spread}): more passes overfit so little text"
     else:
         why = (f"{epochs:g} epochs asked for; the shape an hour would get ({budget_epochs:.1f} passes at "
                f"{rate:,.0f} tokens/s)")
