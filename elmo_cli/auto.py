@@ -9,21 +9,21 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    `MIN_EPOCHS` and either at least `MIN_PASS_SHARE` of the passes of the shape below it, counted before the pass
    cap (5.), so in effect of its speed, or the passes near the cap (`decay_from`, where 4. gives it weight decay) on
    a corpus where 4. gives the smallest shape none (over `SMALLEST_DECAY_MAX_TOKENS`; on less text the smaller shape
-   at the cap with decay was level with the larger, or 13-14% ahead of it); the smallest always qualifies, and the
-   probe stops at the first that does not. A larger model learns more per token, but not enough to make up for
-   seeing its text much less often: counted by the passes the runs made against `laptop`'s in the same cell, the
-   hours it lost were at 0.511-0.545 of them (bf16, three held-out or short cells on Zen 4 and 5) or under 0.45
-   (fp32: 0.33 an hour on an Intel Xeon, 7.6% behind), those it won at 0.555 or more, and the 2-hour cells it won at
-   a lower share it ended near the cap. Until 2026-12-04 the share was 0.45, on the probes' shares of the wins
-   (0.45-0.51), and it took the larger shape in three held-out hours that it lost (Zen 4, Zen 5, an Intel
-   AVX512-BF16 Xeon: 0.9-2.7% behind `laptop`). Where the smaller shape reaches the cap, its capped passes are not
-   the measure: an Intel Xeon's 2 hours took 1024/256 at 0.55 of them (0.41 of the speed, 17.7 passes, short of the
-   cap) and lost to the smaller shape's hour (docs/auto.md). Each shape's passes are those of its fastest step,
-   compiled where 8. keeps that: the smaller shape's compiled step is weighed against the larger one's. A larger
-   shape its first probe would turn down is read once more, just after the smaller shape's eager step is, and
-   weighed at its two reads over the smaller one's two (`READ_SPREAD_MAX`: where its own reads are far apart, at the
-   faster; one hour's probe on 2 Zen 3 cores gave 1024/256 1.6 passes, the next hour's 5.1, which the run then
-   trained at).
+   at the cap with decay was level with the larger, or 13-14% ahead of it, so there a smaller shape that reaches the
+   cap itself ends the probe); the smallest always qualifies, and the probe stops at the first that does not. A
+   larger model learns more per token, but not enough to make up for seeing its text much less often: counted by the
+   passes the runs made against `laptop`'s in the same cell, the hours it lost were at 0.511-0.545 of them (bf16,
+   three held-out or short cells on Zen 4 and 5) or under 0.45 (fp32: 0.33 an hour on an Intel Xeon, 7.6% behind),
+   those it won at 0.555 or more, and the 2-hour cells it won at a lower share it ended near the cap. Until
+   2026-12-04 the share was 0.45, on the probes' shares of the wins (0.45-0.51), and it took the larger shape in
+   three held-out hours that it lost (Zen 4, Zen 5, an Intel AVX512-BF16 Xeon: 0.9-2.7% behind `laptop`). Where the
+   smaller shape reaches the cap, its capped passes are not the measure: an Intel Xeon's 2 hours took 1024/256 at
+   0.55 of them (0.41 of the speed, 17.7 passes, short of the cap) and lost to the smaller shape's hour
+   (docs/auto.md). Each shape's passes are those of its fastest step, compiled where 8. keeps that: the smaller
+   shape's compiled step is weighed against the larger one's. A larger shape its first probe would turn down is read
+   once more, just after the smaller shape's eager step is, and weighed at its two reads over the smaller one's two
+   (`READ_SPREAD_MAX`: where its own reads are far apart, at the faster; one hour's probe on 2 Zen 3 cores gave
+   1024/256 1.6 passes, the next hour's 5.1, which the run then trained at).
 2. Where the device computes bf16 natively, bf16 autocast is probed beside fp32 and kept when it is at least
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
@@ -50,6 +50,9 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    minutes and the hour, three corpora held out; on the KJV's hour they tipped the shape to 1024/256 and won by the
    most) and lost the held-out poems' quarter hour twice: once where the shape tipped on a probe 20% over its run,
    once at dropout 0.3 for 64 rows' 8.0 passes against 0.1 for 32 rows' 6.8 (at 0.1, 64 rows won by 4.8%).
+   Where the eager 32-row step already reaches the passes the run stops at (the cap of 5., or `--epochs`), 64 rows
+   are not probed: as on a GPU (7.) they would buy no passes, only half the updates (5.4% and 3.5% behind at the
+   cap on the `zh` poems and 20% of the WEB).
    A `--batch-size` or `--unroll-steps` given is what the probe trains at, so the passes it counts are the run's.
 7. On a GPU with a time budget and no `--batch-size`, each shape's batch rows double from 32 (`ROWS_LADDER`), in
    bf16, while a doubling buys at least `ROWS_GAIN` times the tokens/s and the rows kept do not yet reach the pass
@@ -180,7 +183,7 @@ VALIDATION_OVER_TRAINING = 1.4
 VALIDATION_SHARE = 0.035  # the validations' share of a time budget the cadence keeps to, ...
 VALIDATION_MINUTES = 10.0  # ... from the recipe's every 10 minutes, stretched to at most a third of the budget
 # ... and a run the pass cap ends validates as often as half the budget it leaves unspent holds, at most this often
-# (training's own twentieth of the steps): the poems of `zh` peaked at 55-60% of their 12 capped passes, 1.7-2.6%
+# (training's own twentieth of the steps): the poems of `zh` peaked at 55-60% of their 12 capped passes, 1.7-2.7%
 # under where they ended (docs/auto.md)
 CAPPED_VALIDATIONS_MAX = 20
 CAPPED_SPARE_SHARE = 0.5
@@ -422,7 +425,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
             dtype = "bf16" if bf16 >= BF16_GAIN * fp32 else "fp32"
             best = (dtype, bf16 if dtype == "bf16" else fp32, best[2])
         # rule 6's exception, unless the rows kept already reach the passes the run stops at: more rows would only
-        # end it sooner, with half the updates (the `zh` poems' 12 capped passes: 5.1% behind at 64 rows)
+        # end it sooner, with half the updates (at the cap 64 rows ended 5.4% behind 32 on the `zh` poems, 3.5% on
+        # 20% of the WEB: docs/auto.md)
         if (cpu_rows and best[0] == "bf16" and best[2] < CPU_BF16_ROWS
                 and passes_of(shape, best[1]) < (facts.epochs or cap)):
             rate = rate_of(shape, "bf16", CPU_BF16_ROWS)
@@ -521,6 +525,14 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     near_takes = near if facts.train_tokens > SMALLEST_DECAY_MAX_TOKENS else math.inf
     refused = ""
     for shape in LADDER:
+        if (chosen is not None and not facts.epochs and facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS
+                and passes_of(chosen[0], chosen[2]) >= cap):
+            # Both shapes would train to the cap, and there the smaller one (with weight decay, rule 4) was level
+            # with the larger or 13-14% ahead of it on 0.15-0.21M tokens (docs/auto.md, "0.2M tokens"): at equal
+            # passes the share of 1. says nothing, and the larger shape is not probed.
+            refused = (f"; {shape.name} not weighed: {chosen[0].name} reaches the cap, where on up to "
+                       f"{SMALLEST_DECAY_MAX_TOKENS / 1e6:.2f}M tokens it was level or ahead")
+            break
         dtype, rate, rows = fastest(shape)
         if chosen is None and rate == 0:
             raise ElmoError(f"--preset auto: a training step of {shape.name} at {rows} batch rows does not fit in "
