@@ -488,10 +488,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     def short_of_share(shape: Shape, passes: float, compiled: bool) -> str:
         """The line's clause refusing `shape` at `passes` under `MIN_PASS_SHARE` of the shape taken and short of
         the passes near the cap (`decay_from`), else ""."""
-        if chosen is None or passes >= near_takes or passes >= MIN_PASS_SHARE * below:
+        if chosen is None or passes >= near or passes >= MIN_PASS_SHARE * below:
             return ""
-        nearing = below > cap and near_takes == near
-        capped = f", and short of the {near:g} near the {cap:g}-pass cap" if nearing else ""
+        capped = f", and short of the {near:g} near the {cap:g}-pass cap" if below > cap else ""
         return (f"; {shape.name} would get {passes:.1f}{' compiled' if compiled else ''} (< {MIN_PASS_SHARE:g} x "
                 f"{chosen[0].name}'s {below:.1f}{capped})")
 
@@ -518,11 +517,9 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     # The passes of the shape taken so far at its fastest step, not capped: the share weighs the shapes' speeds.
     # A larger shape that gets near the cap itself (where rule 4 gives it weight decay) is taken whatever its share.
     below = 0.0
-    # ... but only on a corpus where the smallest shape trains without weight decay at that cap (rule 4): on one
-    # where it has it too, the smaller shape at the cap was level with the larger (`austen-0.2M`) or ahead of it by
-    # 13-14% (20% of the WEB and of the addresses, docs/auto.md)
+    # On a corpus where the smallest shape trains with weight decay at that cap too (rule 4), a smaller shape that
+    # reaches the cap ends the ladder (below), so there the passes near the cap take no larger shape.
     near = decay_from(facts.train_tokens)
-    near_takes = near if facts.train_tokens > SMALLEST_DECAY_MAX_TOKENS else math.inf
     refused = ""
     for shape in LADDER:
         if (chosen is not None and not facts.epochs and facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS
