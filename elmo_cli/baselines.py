@@ -292,13 +292,18 @@ REFERENCES = (
               "quality-tang-0p45-zen5-15m-2026-12-07.json"),
     Reference("Tang poems (SentencePiece, 45% of the lines)", 465_556, 15, "laptop", 0.537, BF16,
               "quality-tang-0p45-zen5-15m-2026-12-07.json"),
-    # ... and 20% of the WEB's and the addresses' training lines, `auto` under the rule of f2d3f88 (512/128 in bf16
-    # at 32 rows to the pass cap, the larger shape not weighed on so little text), `laptop` in fp32 the same day.
+    # ... and 20% of the WEB's, the addresses' and the Spanish Bible's training lines, `auto` under the rule of
+    # f2d3f88 (512/128 in bf16 at 32 rows to the pass cap, the larger shape not weighed on so little text),
+    # `laptop` in fp32 the same day.
     Reference("the World English Bible (20% of the lines)", 191_581, 15, "auto", 0.692, BF16, ZEN5_0P2_NOW),
     Reference("the World English Bible (20% of the lines)", 191_581, 15, "laptop", 0.723, BF16,
               "quality-web-0p2-zen5-15m-2026-12-07.jsonl"),
     Reference("State of the Union addresses (20% of the lines)", 182_217, 15, "auto", 0.738, BF16, ZEN5_0P2_NOW),
     Reference("State of the Union addresses (20% of the lines)", 182_217, 15, "laptop", 0.787, BF16,
+              "quality-0p2-zen5-15m-2026-12-07.json"),
+    Reference("the Spanish Reina-Valera Bible (20% of the lines)", 149_185, 15, "auto", 0.690, BF16,
+              "quality-rv1909-0p2-now-zen5-15m-2026-12-07.json"),
+    Reference("the Spanish Reina-Valera Bible (20% of the lines)", 149_185, 15, "laptop", 0.796, BF16,
               "quality-0p2-zen5-15m-2026-12-07.json"),
 )
 IN_LINE = 0.02  # ratios this close to a measured one are "in line with" it
