@@ -585,6 +585,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     extra = {"optimizer": "adamw", "weight_decay": decay} if decay else {}
     if facts.budget_seconds and facts.validation_tokens and not facts.validation_minutes:
         extra["validation_minutes"] = every
+    one = one_validation(shape, rate)  # seconds of one validation (0 without a time budget or validation text)
+    to_cap = cap * facts.train_tokens / (rate * facts.sustained)  # training seconds to the cap
     cap_validations = 1  # a capped run's validations by its steps, its last (after the loop) among them
     if capped and facts.budget_seconds and facts.validation_tokens:
         # The cap's steps end the run, so training's own cadence (a twentieth of the steps) would validate 20
@@ -593,8 +595,6 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         # the cap's steps as half the budget the cap leaves unspent holds (at most 20): where one is cheap the
         # best model is not missed (the poems of `zh` peak before their 12 passes end), where it is dear the
         # clock's alone are made; --validation-every still wins.
-        one = one_validation(shape, rate)
-        to_cap = cap * facts.train_tokens / (rate * facts.sustained)
         spare = budget - (clock() - began) - to_cap - periodic_validations(to_cap, one, every) * one
         cap_validations = max(1, min(CAPPED_VALIDATIONS_MAX, 1 + math.floor(CAPPED_SPARE_SHARE * spare / one)))
         cap_steps = math.ceil(cap * steps_per_epoch(facts.train_tokens, rows, base.training.unroll_steps))
@@ -604,7 +604,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     if facts.budget_seconds:
         eager_named = "" if eager_dtype == dtype else f" {eager_dtype}"
         measured = f" (compiled; eager{eager_named} {eager_rate:,.0f})" if compiled else ""
-        left_out, spent, one = "", clock() - began, one_validation(shape, rate)
+        left_out, spent = "", clock() - began
         if budget - trains >= 1.0:
             periodic = periodic_validations(max(budget - spent, 1.0), one, every)
             vals = f" and {periodic} validation{'s' if periodic != 1 else ''} of {one:.0f} s" if periodic else ""
@@ -615,7 +615,6 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         if "validation_minutes" in extra and every != VALIDATION_MINUTES:
             why += f", validated every {every:g} min"
         if capped:
-            to_cap = cap * facts.train_tokens / (rate * facts.sustained)
             validations = max(periodic_validations(to_cap, one, every), cap_validations - 1)
             about = _minutes(to_cap + validations * one)
             spread = f", validated {cap_validations} times" if cap_validations > 1 else ""
