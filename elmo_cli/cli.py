@@ -212,14 +212,21 @@ class _TrainReport:
 
 def _probe_against_run(choice, result) -> str:
     """`auto`'s passes and rate expected against what the run made: how far its estimate (the probe's rate, on a
-    CPU at the share a run sustains) was from this host's pace."""
+    CPU at the share a run sustains) was from this host's pace, and where the run read its own first minute (rule
+    11), how far that read was."""
     share = choice.sustained
     off = share * choice.tokens_per_s / result.mean_tokens_per_s - 1
     side = "over" if off > 0 else "under"
     at = f"{share:g} of its probe's" if share != 1 else "its probe's"
-    return (f"auto expected {choice.expected_epochs:.1f} passes at {at} {choice.tokens_per_s:,.0f} tokens/s; "
+    line = (f"auto expected {choice.expected_epochs:.1f} passes at {at} {choice.tokens_per_s:,.0f} tokens/s; "
             f"the run made {result.epochs:.1f} at {result.mean_tokens_per_s:,.0f} tokens/s (the estimate "
             f"{abs(off):.0%} {side} the run)")
+    if result.read:  # rule 11: the run's first minute, read at the same share
+        read = result.read
+        off = read["sustained"] * read["tokens_per_s"] / result.mean_tokens_per_s - 1
+        line += (f"; read after its first minute, {read['expected_epochs']:.1f} at {read['tokens_per_s']:,.0f} "
+                 f"(the estimate {abs(off):.0%} {'over' if off > 0 else 'under'} the run)")
+    return line
 
 
 def _print_train_result(result, choice=None) -> None:

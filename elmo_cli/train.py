@@ -98,6 +98,7 @@ class TrainResult:
     run_seconds: float = 0.0  # training seconds of every invocation of the run (a resumed run's earlier parts too)
     epochs: float = 0.0  # passes over the shards made by the last step
     mean_tokens_per_s: float = 0.0  # this invocation's tokens over its training time (validations left out)
+    read: dict | None = None  # `auto`'s read of the run's own rate after its first minute (rule 11), where it read
 
 
 # ---- the loss module (what DDP wraps) -----------------------------------------------------------------------------
@@ -688,6 +689,8 @@ class _Trainer:
 
     _prefetched: tuple | None = None  # the next step's inputs, made by a queued step (`_prefetch`)
     _before_prefetch: tuple | None = None  # the data position and sampler state from before them
+    reread: dict | None = None  # `auto`'s rule 11 facts until the run has read its own rate (`read_own_rate`)
+    read: dict | None = None  # what that read found
 
     def __init__(self, config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Path | None,
                  resume: bool, init_from: "Path | ModelFiles | None", reset_softmax: bool, chosen: dict | None = None):
@@ -728,6 +731,9 @@ class _Trainer:
                 _truncate_metrics(run_dir / METRICS_FILE, self.progress.step)
         if ckpt is None and chosen:
             self.files.log({"kind": "auto", "step": 0, **chosen})
+        # `auto`'s rule 11: a fresh run on one CPU process reads its own rate after its first minute
+        self.reread = (chosen or {}).get("reread") if (ckpt is None and not self.ddp.enabled
+                                                        and self.device.type == "cpu") else None
         self.keep_best = self.vdataset is not None and tc.keep_best
         self.baseline = None
         if self.vdataset is not None and tc.baseline and self.ddp.main:
@@ -813,6 +819,36 @@ class _Trainer:
         """The run's progress by its steps and by the clock (0 without --max-time); the larger one is the schedule's."""
         tc = self.tc
         return self.progress.step / self.state.total_steps, self.elapsed() / tc.max_time if tc.max_time else 0.0
+
+    def read_own_rate(self, tokens_per_s: float) -> bool:
+        """`auto`'s rule 11, once: the passes the run now expects at its own rate (`tokens_per_s`, its training so
+        far) and the dropout rule 3 gives them. Where that is another dropout, the model trains at it from the
+        next step, a checkpoint is saved and config.json rewritten, so a resumed run keeps it. Returns whether the
+        dropout changed (the checkpoint was saved)."""
+        from elmo_cli.auto import read_own_rate
+
+        plan, self.reread = self.reread, None
+        passes, dropout = read_own_rate(plan, self.progress.tokens, tokens_per_s, self.tc.max_time - self.elapsed())
+        was = self.tc.dropout
+        self.read = {"step": self.progress.step, "tokens_per_s": round(tokens_per_s, 1),
+                     "sustained": plan["sustained"], "expected_epochs": round(passes, 2),
+                     "probe_expected_epochs": plan["expected_epochs"], "dropout": dropout, "dropout_before": was}
+        self.files.log({"kind": "auto-read", **self.read})
+        if dropout == was:
+            return False
+        self.config = dataclasses.replace(self.config, training=dataclasses.replace(self.tc, dropout=dropout))
+        self.files.config = self.config  # the model files written from here carry it too
+        self.tc = self.config.training
+        for module in self.state.model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = dropout
+        self.checkpoint()  # first: a resume reads the newest checkpoint's configuration against config.json
+        if self.ddp.main:
+            save_config(self.config, self.run_dir / CONFIG_FILE)
+        self._note(f"auto read the run's first {plan['after_seconds']:g} s: {tokens_per_s:,.0f} tokens/s x "
+                   f"{plan['sustained']:g} sustained = {passes:.1f} passes expected, not the probe's "
+                   f"{plan['expected_epochs']:.1f}: dropout {dropout:g} from here, not {was:g} (rule 3)")
+        return True
 
     # ---- one step -----------------------------------------------------------------------------------------------
     def _inputs(self) -> tuple[LMBatch, DistinctTokens, list[torch.Tensor], list[int]]:
@@ -1050,6 +1086,12 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
             event, vresult = "", None
             if run.step % tc.log_every == 0 or run.step == total or stop_now:
                 tr.files.log(meter.record(run.step, tr.state.per_epoch, run.tokens, grad_norm, lr, tr.elapsed()))
+                if (tr.reread is not None and meter.trained_seconds >= tr.reread["after_seconds"]
+                        and run.step < total and not stop_now):
+                    began = time.monotonic()
+                    if tr.read_own_rate(meter.trained_tokens / max(meter.trained_seconds, 1e-9)):
+                        last_ckpt, event = (run.step, time.monotonic()), "checkpoint"
+                    meter.exclude(time.monotonic() - began)
             if validate and run.step < total and not stop_now:
                 began = time.monotonic()
                 vresult = validation = tr.validate()
@@ -1087,7 +1129,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                        checkpoint=tr.last_checkpoint, validation=validation, resumed_from=resumed_from,
                        world_size=tr.ddp.world_size, notes=tr.state.notes, baseline=tr.baseline, best=run.best,
                        train_tokens=tr.dataset.total_tokens, epochs=run.step / tr.state.per_epoch,
-                       mean_tokens_per_s=meter.trained_tokens / max(meter.trained_seconds, 1e-9))
+                       mean_tokens_per_s=meter.trained_tokens / max(meter.trained_seconds, 1e-9), read=tr.read)
 
 
 def measure_throughput(config: RunConfig, dataset: ShardDataset, seconds: float, notes: list[str] | None = None,

@@ -210,6 +210,49 @@ def test_a_cpu_runs_passes_are_counted_at_the_share_of_its_probe_that_a_run_sust
         in capped.reason, capped.reason
 
 
+def test_rule_11_the_runs_first_minute_reread_moves_the_dropout_where_rule_3_steps(no_bf16):
+    """The WEB's quarter hour (958,751 tokens, rule 3's step at 10.3 passes): its probe counted 10.9 passes and took
+    0.3; after a first minute at 9,000 tokens/s the run expects (540,000 + 9,000 x 0.94 x 775 s) / 958,751 = 7.4
+    passes and takes 0.1; at 13,000 tokens/s 10.7, and keeps 0.3. The 786 s left hold one validation of 11 s."""
+    plan = {"train_tokens": 958_751, "sustained": 0.94, "validation_seconds": 11.0, "validation_minutes": 10.0,
+            "max_dropout": auto.SMALLEST_MAX_DROPOUT}
+    passes, dropout = auto.read_own_rate(plan, 540_000, 9_000.0, 786.0)
+    assert (round(passes, 2), dropout) == (7.4, 0.1)
+    passes, dropout = auto.read_own_rate(plan, 780_000, 13_000.0, 786.0)
+    assert (round(passes, 2), dropout) == (10.69, 0.3)
+    # past 25 passes rule 3 gives 0.4, which the smallest shape does not take
+    assert auto.read_own_rate(plan, 0, 40_000.0, 3600.0)[1] == 0.3
+    assert auto.read_own_rate({**plan, "max_dropout": 1.0}, 0, 40_000.0, 3600.0)[1] == 0.4
+    # the choice hands the run its facts on a CPU with a time budget, and not with --epochs or on a GPU
+    measure = rates({(SMALL.name, "fp32"): 10_000.0, (LARGE.name, "fp32"): 3_000.0})
+    choice = choose(dataclasses.replace(facts(tokens=958_751, budget=900.0), validation_tokens=110_765,
+                                        sustained=0.94), measure)
+    assert choice.shape == SMALL.name and choice.reread == {
+        "after_seconds": auto.READ_AFTER_SECONDS, "train_tokens": 958_751, "sustained": 0.94,
+        "validation_seconds": round(110_765 / (auto.VALIDATION_OVER_TRAINING * 10_000.0), 1),
+        "validation_minutes": 10.0, "max_dropout": 0.3, "expected_epochs": round(choice.expected_epochs, 2),
+        "dropout": choice.config.training.dropout}
+    assert choice.record()["reread"] == choice.reread
+    assert choose(facts(tokens=958_751, budget=900.0, epochs=5.0), measure).reread is None
+    assert "reread" not in choose(facts(tokens=958_751, epochs=5.0, budget=0.0), measure).record()
+    gpu = choose(facts(tokens=958_751, budget=900.0, device="cuda"), rates({(SMALL.name, "bf16"): 10_000.0,
+                                                                            (SMALL.name, "fp32"): 10_000.0,
+                                                                            (LARGE.name, "bf16"): 3_000.0,
+                                                                            (LARGE.name, "fp32"): 3_000.0}))
+    assert gpu.reread is None
+
+
+def test_rule_11_leaves_a_choice_the_user_laid_something_over(corpus, monkeypatch, no_bf16):
+    import elmo_cli.train
+    _, train_dir, _ = corpus
+    monkeypatch.setattr(elmo_cli.train, "measure_throughput", lambda config, dataset, seconds: 50_000.0)
+    _, choice = auto.auto_config(train_dir, None, None, {"max_time": 600.0, "threads": 1, "device": "cpu"})
+    assert choice.reread is not None and choice.reread["dropout"] == choice.config.training.dropout
+    config, choice = auto.auto_config(train_dir, None, None, {"max_time": 600.0, "threads": 1, "device": "cpu",
+                                                              "dropout": 0.05})
+    assert config.training.dropout == 0.05 and choice.reread is None and "reread" not in choice.record()
+
+
 def test_a_run_with_a_shape_laid_over_the_rules_choice_is_not_counted_against_its_probe(tmp_path):
     """Its probe read the shape the rule chose (`1024/256`), not the one that trained: set over that run's rate it
     would read 0.62x, the probe's bias of neither shape."""
@@ -244,6 +287,38 @@ def test_probe_bias_finds_the_runs_whose_own_passes_would_have_taken_another_dro
     assert [(m["passes_expected"], m["passes_made"], m["dropout_expected"], m["dropout_made"]) for m in moved] == \
         [(10.9, 9.7, 0.3, 0.1)]
     assert probe_bias.first_window_over_rest(tmp_path) == [1.1, 1.1765]
+
+
+def test_probe_bias_leaves_out_runs_of_seconds_and_reads_a_runs_first_minutes_against_the_rest(tmp_path):
+    """A run that trained under 3 minutes (12 passes of 32k tokens at 7,000 tokens/s: 55 s) is not set against its
+    probe. A run's first minute of training is read against the rest from its metrics.jsonl, validations left out:
+    60 s at 12,000 tokens/s, then 240 s at 10,000 (a validation of 30 s between them changes nothing), 1.2; a run
+    with under 3 minutes after its first is not read."""
+    from benchmarks import probe_bias
+
+    base = {"preset": "auto", "corpus": "zh", "shape": "512/128", "auto": "auto: LSTM 512/128, bf16",
+            "probe_tokens_per_s": 7_700.0, "tokens_per_s_mean": 7_000.0}
+    runs = [base | {"epochs": 12.0, "train_tokens": 32_233}, base | {"epochs": 12.0, "train_tokens": 320_000}]
+    (tmp_path / "quality-x-2026-12-07.json").write_text(json.dumps({"figures": {"runs": runs}}))
+    assert [r["ratio"] for r in probe_bias.probe_over_run(tmp_path)] == [1.1]
+
+    def run(name: str, parts: list[tuple[float, float]]) -> None:  # (tokens/s, seconds) of 10-s records
+        records, tokens, elapsed = [{"kind": "auto", "step": 0}], 0, 0.0
+        for rate, seconds in parts:
+            for _ in range(int(seconds // 10)):
+                tokens, elapsed = tokens + int(rate * 10), elapsed + 10
+                records.append({"kind": "train", "tokens": tokens, "tokens_per_s": rate, "elapsed": elapsed})
+            records.append({"kind": "validation", "elapsed": elapsed + 30})
+            elapsed += 30
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+
+    run("a", [(12_000.0, 60.0), (10_000.0, 240.0)])
+    run("b", [(12_000.0, 60.0), (10_000.0, 170.0)])
+    assert probe_bias.early_over_rest([tmp_path], 1.0) == [1.2]
+    figures = probe_bias.early_figures([tmp_path], 1.0, 0.94)
+    assert figures == {"runs": 1, "median": 1.2, "within_10pct_as_read": 0, "within_10pct_at_share": 0,
+                       "within_10pct_at_own_median": 1}
 
 
 def test_the_sustained_share_is_the_one_the_saved_runs_give():

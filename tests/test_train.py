@@ -78,6 +78,36 @@ def test_loss_falls_and_beats_unigram(shards, tmp_path):
     assert loaded.model.softmax.vocab_size == V and loaded.model.config.char_cnn.n_characters == 262
 
 
+def test_autos_read_of_the_runs_own_rate_moves_its_dropout_and_a_resume_keeps_it(shards, tmp_path):
+    """`auto`'s rule 11: a fresh run reads its own rate after `after_seconds` of training (0 here: at its first
+    record, step 5) and where rule 3 gives the passes it now expects another dropout (a corpus counted at 10^12
+    tokens: under a pass, 0.1), trains at that one from there: its record, config.json, the note. A run stopped
+    at step 20 and resumed from its config.json ends where the unbroken run did."""
+    from elmo_cli.train import resume_config
+
+    _, train_dir, _ = shards
+    plan = {"after_seconds": 0.0, "train_tokens": 10**12, "sustained": 0.94, "validation_seconds": 0.0,
+            "validation_minutes": 10.0, "max_dropout": 1.0, "expected_epochs": 30.0, "dropout": 0.4}
+    cfg = tiny_config(max_steps=40, max_time=3600.0, dropout=0.4)
+    r = train(cfg, train_dir, tmp_path / "a", chosen={"reread": plan})
+    records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    read = [x for x in records if x["kind"] == "auto-read"]
+    assert len(read) == 1 and (read[0]["step"], read[0]["dropout"], read[0]["dropout_before"]) == (5, 0.1, 0.4)
+    assert read[0]["expected_epochs"] < 0.01 and r.read == {k: v for k, v in read[0].items() if k != "kind"}
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["training"]["dropout"] == 0.1
+    assert any("dropout 0.1 from here, not 0.4 (rule 3)" in n for n in r.notes), r.notes
+    train(tiny_config(max_steps=20, max_time=3600.0, dropout=0.4), train_dir, tmp_path / "b", chosen={"reread": plan})
+    with pytest.raises(ElmoError, match="cannot resume with training.dropout = 0.4: the run was started with 0.1"):
+        train(cfg, train_dir, tmp_path / "b", resume=True)
+    again = train(resume_config(tmp_path / "b").with_training(max_steps=40), train_dir, tmp_path / "b", resume=True)
+    assert again.resumed_from == 20 and again.read is None  # a resumed run is not read again
+    _assert_same_params(_params(tmp_path / "a"), _params(tmp_path / "b"))
+    # a run without auto's facts, or with a dropout already rule 3's, keeps its own
+    same = train(tiny_config(max_steps=10, max_time=3600.0, dropout=0.1), train_dir, tmp_path / "c",
+                 chosen={"reread": {**plan, "dropout": 0.1}})
+    assert same.read["dropout"] == 0.1 and not any("from here" in n for n in same.notes)
+
+
 def test_resume_20_then_40_equals_40(shards, tmp_path):
     _, train_dir, _ = shards
     train(tiny_config(max_steps=40), train_dir, tmp_path / "a")
