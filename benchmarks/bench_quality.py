@@ -126,6 +126,8 @@ def run(data: Path, info: dict, preset: str, minutes: float, threads: int, out: 
             "estimate": next((ln for ln in done.stdout.splitlines() if ln.startswith("auto expected")), None),
             **({"probe_tokens_per_s": chosen["tokens_per_s"], "probe_seconds": chosen["probe_seconds"],
                 "probes": chosen["probes"]} if chosen else {}),
+            **{"read": {k: v for k, v in r.items() if k != "kind"}  # rule 11's read of the run's first minute
+               for r in records if r.get("kind") == "auto-read"},
             "cpu": cpu_model(), **isa_caps(), "date": time.strftime("%Y-%m-%d"), "commit": commit(), "run": str(run_dir),
             **{f"asked_{k}": v for k, v in asked.items()}}
 

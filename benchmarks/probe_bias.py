@@ -6,7 +6,8 @@
 For each `--preset auto` run of ``benchmarks/results/quality-*.json`` that saved its probe (``probe_tokens_per_s``:
 the rate the rule counted passes by) and its training rate, it takes the probe over the run; a run with another
 shape laid over the rule's choice (``--shape``) is left out, since its probe read the shape it did not train. A
-run that trained under `MIN_RUN_MINUTES` is left out too: it measured seconds, not a run of minutes. The
+run that trained under `MIN_RUN_MINUTES` is left out too: it measured seconds, not a run of minutes; and so are
+the runs of `DISTURBED`, whose probe was run beside other work on purpose (rule 11's measurement). The
 run's rate is its mean (``tokens_per_s_mean``: tokens over the seconds that trained, validations and checkpoints left out), or in
 runs saved before that was kept (2026-12-05) the median of its records (``tokens_per_s_median``). The median of
 those ratios on the tuning corpora (`TUNING`: the rule's constants were chosen there, docs/auto.md) gives the
@@ -38,6 +39,8 @@ WITHIN = 0.10  # how close to its run a probe should read (docs/auto.md, rule 10
 # A run that trained fewer minutes than this says nothing of the pace of a run of minutes, which rule 10 is about
 # (the `zh` poems' capped quarter hours trained 0.9-1.6 minutes; with them the tuning median reads 1.032, not 1.065)
 MIN_RUN_MINUTES = 3.0
+# Runs whose probe was disturbed on purpose: they measure rule 11, not the probe's bias
+DISTURBED = ("quality-web-rule11-hog-zen5-20m-2026-12-07.json",)  # the probe beside two busy processes
 EARLY_MINUTES = (1.0, 2.0, 3.0)  # a read inside the run, after its first minutes of training, against the rest
 
 
@@ -56,6 +59,8 @@ def probe_over_run(results_dir: Path = RESULTS_DIR) -> list[dict]:
         if run.get("preset") != "auto" or not run.get("probe_tokens_per_s") or not rate:
             continue
         if probed_shape(run) != run["shape"]:  # `--shape` laid over the choice: the probe read another model
+            continue
+        if path.name in DISTURBED:
             continue
         if run.get("epochs") and run.get("train_tokens") and \
                 run["epochs"] * run["train_tokens"] / rate < 60 * MIN_RUN_MINUTES:  # a run of seconds, not minutes
@@ -113,7 +118,7 @@ def dropout_moved(results_dir: Path = RESULTS_DIR) -> tuple[int, list[dict]]:
     for path, run in saved_runs(results_dir):
         match = re.match(r"auto expected ([\d.]+) passes", run.get("estimate") or "")
         if (run.get("preset") != "auto" or not match or not run.get("epochs") or run.get("asked_epochs")
-                or probed_shape(run) != run["shape"]):
+                or probed_shape(run) != run["shape"] or path.name in DISTURBED):
             continue
         expected, made, tokens = float(match.group(1)), run["epochs"], run["train_tokens"]
         if expected >= auto.max_epochs(tokens):

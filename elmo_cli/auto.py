@@ -86,17 +86,20 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    expected were up to 17% over those the runs made (docs/auto.md).
 10. On a CPU the passes are counted at `SUSTAINED_SHARE` of the probe's rate: a run of minutes trains slower than
    the seconds that were read. Over the saved runs on the corpora the constants were tuned on, the probe read a
-   median 1.065x the run's mean rate (`python -m benchmarks.probe_bias`); on the held-out corpora 22 of 50 probes
-   were within 10% of their runs as read and 33 at 0.94 of it. On a GPU the probe's rate is counted as read (no
+   median 1.065x the run's mean rate (`python -m benchmarks.probe_bias`); on the held-out corpora 28 of 59 probes
+   were within 10% of their runs as read and 41 at 0.94 of it. On a GPU the probe's rate is counted as read (no
    GPU run has been set beside its probe).
 11. On a CPU with a time budget, the run reads its own rate after its first `READ_AFTER_SECONDS` of training
    (`read_own_rate`): the passes it now expects are those made plus that rate, at `SUSTAINED_SHARE`, over the
    seconds left, and where rule 3 gives them another dropout, the run trains at that one from there (the model's
    dropout set, a checkpoint saved, config.json rewritten; metrics.jsonl keeps an ``auto-read`` record). Over the
-   runs saved on 2 Zen 5 cores, a run's first minute at 0.94 read the rest within 10% in 29 of 34, where the
-   probe's seconds did in 38 of 55 (`python -m benchmarks.probe_bias --run-dirs ...`, docs/auto.md); the misses
-   had moved the dropout of 3 runs of 28. Nothing else changes in the run (shape, rows, dtype, decay, its pass
-   cap); a resumed run, and one with anything of the user's laid over the choice, is not read again.
+   runs saved on 2 Zen 5 cores, a run's first minute at 0.94 read the rest within 10% in 31 of 38, where the
+   probe's seconds read held-out runs so in 41 of 59 (`python -m benchmarks.probe_bias --run-dirs ...`,
+   docs/auto.md); the misses had moved the dropout of 3 runs of 31. On the WEB, a probe run beside two busy
+   processes took 0.1 for 3.2 passes; its first minute read 11.4, it moved to 0.3 and ended 0.5% behind the
+   undisturbed probe's run, which trained at 0.3 throughout. Nothing else changes in the run (shape, rows,
+   dtype, decay, its pass cap); a resumed run, and one with anything of the user's laid over the choice, is not
+   read again.
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. With
