@@ -137,13 +137,21 @@ def rate_by_window(records: list[dict], seconds: float) -> list[float]:
     one's tokens/s is over the steps since the one before, validations left out: `train._Meter`): the tokens
     trained in the window over the time they took, to read a run's speed against its probe minute by minute."""
     windows: dict[int, list[float]] = {}  # window -> [tokens, seconds]
+    for r, tokens, trained in trained_steps(records):
+        w = windows.setdefault(int(r["elapsed"] // seconds), [0.0, 0.0])
+        w[0] += tokens
+        w[1] += trained
+    return [round(t / s, 1) for _, (t, s) in sorted(windows.items()) if s > 0]
+
+
+def trained_steps(records: list[dict]):
+    """(record, tokens, seconds) of each train record of metrics.jsonl: the tokens trained since the record before
+    and the seconds they took (its tokens/s is over those steps, validations and checkpoints left out:
+    `train._Meter`)."""
     before = 0
     for r in (r for r in records if r.get("kind") == "train"):
         tokens, before = r["tokens"] - before, r["tokens"]
-        w = windows.setdefault(int(r["elapsed"] // seconds), [0.0, 0.0])
-        w[0] += tokens
-        w[1] += tokens / max(r["tokens_per_s"], 1e-9)
-    return [round(t / s, 1) for _, (t, s) in sorted(windows.items()) if s > 0]
+        yield r, tokens, tokens / max(r["tokens_per_s"], 1e-9)
 
 
 def table(records: list[dict]) -> str:

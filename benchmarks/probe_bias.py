@@ -31,6 +31,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.bench_quality import trained_steps
 from benchmarks.results import RESULTS_DIR, Recording
 from elmo_cli import auto
 
@@ -90,18 +91,17 @@ def first_window_over_rest(results_dir: Path = RESULTS_DIR) -> list[float]:
 def early_over_rest(run_dirs: list[Path], minutes: float) -> list[float]:
     """A read inside the run: for every run under `run_dirs` (its ``metrics.jsonl``, any preset) that trained at
     least three times `minutes` more after them, the rate of its first `minutes` of training over the rate of the
-    rest. Training time is each train record's tokens over its tokens/s (validations and checkpoints left out, as
-    `train` counts them); a record is in the first part while the time before it is under `minutes`."""
+    rest. Training time is each train record's (`bench_quality.trained_steps`); a record is in the first part while
+    the time before it is under `minutes`."""
     ratios = []
     for path in sorted(p for d in run_dirs for p in Path(d).rglob("metrics.jsonl")):
         records = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-        parts, before, seconds = [[0.0, 0.0], [0.0, 0.0]], 0, 0.0  # [tokens, seconds] before and after `minutes`
-        for r in (r for r in records if r.get("kind") == "train" and r.get("tokens_per_s")):
-            tokens, before = r["tokens"] - before, r["tokens"]
+        parts, seconds = [[0.0, 0.0], [0.0, 0.0]], 0.0  # [tokens, seconds] before and after `minutes`
+        for _, tokens, trained in trained_steps(records):
             part = parts[seconds >= 60 * minutes]
             part[0] += tokens
-            part[1] += tokens / r["tokens_per_s"]
-            seconds += tokens / r["tokens_per_s"]
+            part[1] += trained
+            seconds += trained
         (early_tokens, early_s), (rest_tokens, rest_s) = parts
         if early_s > 0 and rest_s >= 3 * 60 * minutes:
             ratios.append(round((early_tokens / early_s) / (rest_tokens / rest_s), 4))
