@@ -91,15 +91,17 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    GPU run has been set beside its probe).
 11. On a CPU with a time budget, the run reads its own rate after its first `READ_AFTER_SECONDS` of training
    (`read_own_rate`): the passes it now expects are those made plus that rate, at `SUSTAINED_SHARE`, over the
-   seconds left, and where rule 3 gives them another dropout, the run trains at that one from there (the model's
-   dropout set, a checkpoint saved, config.json rewritten; metrics.jsonl keeps an ``auto-read`` record). Over the
-   runs saved on 2 Zen 5 cores, a run's first minute at 0.94 read the rest within 10% in 31 of 38, where the
-   probe's seconds read held-out runs so in 41 of 59 (`python -m benchmarks.probe_bias --run-dirs ...`,
-   docs/auto.md); the misses had moved the dropout of 3 runs of 31. On the WEB, a probe run beside two busy
-   processes took 0.1 for 3.2 passes; its first minute read 11.4, it moved to 0.3 and ended 0.5% behind the
-   undisturbed probe's run, which trained at 0.3 throughout. Nothing else changes in the run (shape, rows,
-   dtype, decay, its pass cap); a resumed run, and one with anything of the user's laid over the choice, is not
-   read again.
+   seconds left less the validations to come (one validation timed at the probe's estimate scaled by the host's
+   pace since, the run's rate over the probe's), and what follows from them is read again: rule 3's dropout,
+   rule 4's weight decay (Adam to AdamW or back, the moments kept), rule 5's cap (the run then ends at the cap's
+   steps, its validations spread over them, or the clock ends it) and rule 9's cadence. What moved, the run
+   trains with from its next step (a checkpoint saved, config.json rewritten; metrics.jsonl keeps an
+   ``auto-read`` record). Over the runs saved on 2 Zen 5 cores, a run's first minute at 0.94 read the rest within
+   10% in 31 of 38, where the probe's seconds read held-out runs so in 41 of 59 (`python -m benchmarks.probe_bias
+   --run-dirs ...`, docs/auto.md); the misses had moved the dropout of 3 runs of 31. On the WEB, a probe run
+   beside two busy processes took 0.1 for 3.2 passes; its first minute read 11.4, it moved to 0.3 and ended 0.5%
+   behind the undisturbed probe's run, which trained at 0.3 throughout. Shape, rows, dtype and compilation stay
+   the probe's; a resumed run, and one with anything of the user's laid over the choice, is not read again.
 
 With `--epochs` or `--max-steps` and no `--max-time`, the shape is the one an hour's budget would get (the
 budget of `laptop` and of the measurements in docs/auto.md) and the dropout follows the epochs asked for. With
@@ -277,18 +279,56 @@ class Choice:
                 **({"reread": self.reread} if self.reread else {})}
 
 
-def read_own_rate(plan: dict, tokens_done: int, tokens_per_s: float, seconds_left: float) -> tuple[float, float]:
-    """Rule 11: (passes expected, dropout) from the run's own rate, read after its first minute of training.
+@dataclass(frozen=True)
+class Read:
+    """Rule 11's reading of a run's first minute: what the passes it now expects give (rules 3, 4, 5 and 9)."""
+    passes: float  # expected over the whole budget, before the cap
+    dropout: float  # rule 3's
+    weight_decay: float  # rule 4's (0: Adam)
+    capped: bool  # rule 5: the passes reach the cap, which ends the run
+    epochs: float  # the run's length in passes: the cap, or (the clock ends it) far enough past the passes
+    validation_seconds: float  # one validation, the probe's estimate at the host's pace since (rule 9)
+    validation_minutes: float  # rule 9's cadence for those seconds
+    cap_validations: int  # a capped run's validations over the cap's steps (1: the clock's alone)
+
+
+def read_own_rate(plan: dict, tokens_done: int, tokens_per_s: float, seconds_left: float) -> Read:
+    """Rule 11: what the run's own rate, read after its first minute of training, gives the rules that follow the
+    passes: the dropout, the weight decay, the pass cap and the validations' seconds.
 
     # Parameters
-    plan : `Choice.reread`: ``train_tokens``, ``sustained``, ``validation_seconds`` and ``validation_minutes``
-        (rule 9's, for the validations to come), ``max_dropout`` (the smallest shape's bound).
+    plan : `Choice.reread` (written by `choose`): the corpus's ``train_tokens``, ``sustained``, the probe's
+        ``probe_tokens_per_s`` (the step chosen), ``validation_seconds`` and ``validation_minutes`` (rule 9, with
+        ``cadence_given``: the user's), ``budget_seconds``, ``cap`` and ``decay_from`` (rules 5 and 4),
+        ``max_dropout`` and ``decays`` (the smallest shape's bounds), ``base_epochs`` (the recipe's length).
     tokens_done : tokens trained so far; tokens_per_s : their rate (validations and checkpoints left out);
     seconds_left : of the time budget, on the run's clock.
     """
-    trains = training_seconds(max(seconds_left, 1.0), plan["validation_seconds"], plan["validation_minutes"])
-    passes = (tokens_done + tokens_per_s * plan["sustained"] * trains) / plan["train_tokens"]
-    return passes, min(dropout_for(passes, plan["train_tokens"]), plan["max_dropout"])
+    pace = plan["probe_tokens_per_s"] / max(tokens_per_s, 1e-9)  # > 1: the host ran the probe slower than the run
+    one = plan["validation_seconds"] * pace  # a validation is slowed or sped up as the training step was
+    every = plan["validation_minutes"] if plan["cadence_given"] else \
+        validation_cadence(one, plan["budget_seconds"])
+    left = max(seconds_left, 1.0)
+    rate = tokens_per_s * plan["sustained"]
+    total = plan["train_tokens"]
+    passes = (tokens_done + rate * training_seconds(left, one, every)) / total
+    dropout = min(dropout_for(passes, total), plan["max_dropout"])
+    cap = plan["cap"]
+    capped = passes > cap
+    decay = WEIGHT_DECAY if plan["decays"] and min(passes, cap) >= plan["decay_from"] else 0.0
+    epochs = cap if capped else max(plan["base_epochs"], math.ceil(2 * passes))
+    cap_validations = 1
+    if capped and one > 0:
+        to_cap = max(cap * total - tokens_done, 0) / rate
+        spare = left - to_cap - periodic_validations(to_cap, one, every) * one
+        cap_validations = capped_validations(spare, one)
+    return Read(passes, dropout, decay, capped, epochs, one, every, cap_validations)
+
+
+def capped_validations(spare: float, one: float) -> int:
+    """Rule 9: the validations a run the pass cap ends makes over the cap's steps, as many as `CAPPED_SPARE_SHARE`
+    of the `spare` seconds the cap leaves of the budget holds at `one` seconds each (1: its last alone)."""
+    return max(1, min(CAPPED_VALIDATIONS_MAX, 1 + math.floor(CAPPED_SPARE_SHARE * spare / one)))
 
 
 def dropout_step(train_tokens: int) -> float:
@@ -624,7 +664,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
         # best model is not missed (the poems of `zh` peak before their 12 passes end), where it is dear the
         # clock's alone are made; --validation-every still wins.
         spare = budget - (clock() - began) - to_cap - periodic_validations(to_cap, one, every) * one
-        cap_validations = max(1, min(CAPPED_VALIDATIONS_MAX, 1 + math.floor(CAPPED_SPARE_SHARE * spare / one)))
+        cap_validations = capped_validations(spare, one)
         cap_steps = math.ceil(cap * steps_per_epoch(facts.train_tokens, rows, base.training.unroll_steps))
         extra["validation_every"] = max(1, math.ceil(cap_steps / cap_validations))
     config = dataclasses.replace(config, training=dataclasses.replace(config.training, dropout=dropout,
@@ -659,10 +699,14 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
     reread = None
     if facts.budget_seconds and not facts.epochs and facts.device == "cpu":  # rule 11
         reread = {"after_seconds": READ_AFTER_SECONDS, "train_tokens": facts.train_tokens,
-                  "sustained": facts.sustained, "validation_seconds": round(one, 1),
-                  "validation_minutes": facts.validation_minutes or every,
+                  "sustained": facts.sustained, "probe_tokens_per_s": round(rate, 1),
+                  "validation_seconds": round(one, 1), "validation_minutes": facts.validation_minutes or every,
+                  "cadence_given": bool(facts.validation_minutes), "budget_seconds": facts.budget_seconds,
+                  "cap": cap, "decay_from": near, "base_epochs": base.training.epochs,
                   "max_dropout": SMALLEST_MAX_DROPOUT if shape is LADDER[0] else 1.0,
-                  "expected_epochs": round(budget_epochs, 2), "dropout": dropout}
+                  "decays": shape is not LADDER[0] or facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS,
+                  "expected_epochs": round(budget_epochs, 2), "dropout": dropout, "weight_decay": decay,
+                  "capped": capped, "validation_every": extra.get("validation_every", 0)}
     return Choice(config, reason, tuple(probes), epochs, shape.name, rate, sustained=facts.sustained,
                   reread=reread)
 

@@ -661,6 +661,17 @@ class _TrainState:
         self.queued = on
         self.model.softmax.row_grads = (on or self.distributed) and self.model.softmax.sparse
 
+    def switch_optimizer(self, tc: TrainingConfig) -> None:
+        """Adam to AdamW with `tc.weight_decay` or back (`auto`'s rule 11), keeping each parameter's moments and
+        step count: the two update alike but for the decoupled decay."""
+        moments = self.optimizer.state_dict()
+        self.optimizer = make_optimizer(self.params, tc)
+        self.optimizer.load_state_dict(moments)
+        for group in self.optimizer.param_groups:
+            group["weight_decay"] = tc.weight_decay
+            if "decoupled_weight_decay" in group:  # torch >= 2.7: AdamW is Adam with this flag
+                group["decoupled_weight_decay"] = tc.optimizer == "adamw"
+
     @property
     def result_model(self) -> BiLM:
         """The weights the run validates and writes: the moving average (training.average) or the trained ones."""
@@ -822,32 +833,61 @@ class _Trainer:
 
     def read_own_rate(self, tokens_per_s: float) -> bool:
         """`auto`'s rule 11, once: the passes the run now expects at its own rate (`tokens_per_s`, its training so
-        far) and the dropout rule 3 gives them. Where that is another dropout, the model trains at it from the
-        next step, a checkpoint is saved and config.json rewritten, so a resumed run keeps it. Returns whether the
-        dropout changed (the checkpoint was saved)."""
+        far), and what rules 3, 4, 5 and 9 give them (`auto.read_own_rate`). Where that is another dropout, weight
+        decay or run length (the pass cap reached, or no longer), the run trains with it from the next step, a
+        checkpoint is saved and config.json rewritten, so a resumed run keeps it. Returns whether anything changed
+        (the checkpoint was saved)."""
         from elmo_cli.auto import read_own_rate
 
         plan, self.reread = self.reread, None
-        passes, dropout = read_own_rate(plan, self.progress.tokens, tokens_per_s, self.tc.max_time - self.elapsed())
-        was = self.tc.dropout
+        tc = self.tc
+        read = read_own_rate(plan, self.progress.tokens, tokens_per_s, tc.max_time - self.elapsed())
+        changes: dict = {}
+        said = []
+        if read.dropout != tc.dropout:
+            changes["dropout"] = read.dropout
+            said.append(f"dropout {read.dropout:g} from here, not {tc.dropout:g} (rule 3)")
+        if read.weight_decay != tc.weight_decay and tc.optimizer in ("adam", "adamw"):
+            changes.update(optimizer="adamw" if read.weight_decay else "adam", weight_decay=read.weight_decay)
+            said.append(f"AdamW decay {read.weight_decay:g} from here (rule 4)" if read.weight_decay else
+                        f"Adam from here, not AdamW decay {tc.weight_decay:g} (rule 4)")
+        validates = plan["validation_seconds"] > 0 and self.vdataset is not None
+        if validates and not plan["cadence_given"] and read.validation_minutes != tc.validation_minutes:
+            changes["validation_minutes"] = read.validation_minutes
+        if read.capped != plan["capped"]:
+            changes["epochs"] = read.epochs
+            cap_steps = math.ceil(read.epochs * self.state.per_epoch)
+            if validates:
+                changes["validation_every"] = math.ceil(cap_steps / read.cap_validations) if read.capped else 0
+            said.append(f"it stops after its cap of {read.epochs:g} passes (rule 5)" if read.capped else
+                        f"the clock ends it, not the cap of {plan['cap']:g} passes (rule 5)")
         self.read = {"step": self.progress.step, "tokens_per_s": round(tokens_per_s, 1),
-                     "sustained": plan["sustained"], "expected_epochs": round(passes, 2),
-                     "probe_expected_epochs": plan["expected_epochs"], "dropout": dropout, "dropout_before": was}
+                     "sustained": plan["sustained"], "expected_epochs": round(read.passes, 2),
+                     "probe_expected_epochs": plan["expected_epochs"], "dropout": read.dropout,
+                     "dropout_before": tc.dropout, "weight_decay": read.weight_decay,
+                     "weight_decay_before": tc.weight_decay, "capped": read.capped,
+                     "validation_seconds": round(read.validation_seconds, 1), **changes}
         self.files.log({"kind": "auto-read", **self.read})
-        if dropout == was:
+        if not changes:
             return False
-        self.config = dataclasses.replace(self.config, training=dataclasses.replace(self.tc, dropout=dropout))
+        self.config = dataclasses.replace(self.config, training=dataclasses.replace(tc, **changes))
         self.files.config = self.config  # the model files written from here carry it too
         self.tc = self.config.training
-        for module in self.state.model.modules():
-            if isinstance(module, nn.Dropout):
-                module.p = dropout
+        if "dropout" in changes:
+            for module in self.state.model.modules():
+                if isinstance(module, nn.Dropout):
+                    module.p = read.dropout
+        if "optimizer" in changes:
+            self.state.switch_optimizer(self.tc)
+        if "epochs" in changes:
+            self.state.total_steps = _total_steps(self.tc, self.state.per_epoch)
         self.checkpoint()  # first: a resume reads the newest checkpoint's configuration against config.json
         if self.ddp.main:
             save_config(self.config, self.run_dir / CONFIG_FILE)
-        self._note(f"auto read the run's first {plan['after_seconds']:g} s: {tokens_per_s:,.0f} tokens/s x "
-                   f"{plan['sustained']:g} sustained = {passes:.1f} passes expected, not the probe's "
-                   f"{plan['expected_epochs']:.1f}: dropout {dropout:g} from here, not {was:g} (rule 3)")
+        if said:
+            self._note(f"auto read the run's first {plan['after_seconds']:g} s: {tokens_per_s:,.0f} tokens/s x "
+                       f"{plan['sustained']:g} sustained = {read.passes:.1f} passes expected, not the probe's "
+                       f"{plan['expected_epochs']:.1f}: {'; '.join(said)}")
         return True
 
     # ---- one step -----------------------------------------------------------------------------------------------
@@ -1091,6 +1131,7 @@ def _train(config: RunConfig, data_dir: Path, run_dir: Path, validation_dir: Pat
                     began = time.monotonic()
                     if tr.read_own_rate(meter.trained_tokens / max(meter.trained_seconds, 1e-9)):
                         last_ckpt, event = (run.step, time.monotonic()), "checkpoint"
+                        tc, total = tr.tc, tr.state.total_steps  # rule 11 may have moved the run's length
                     meter.exclude(time.monotonic() - began)
             if validate and run.step < total and not stop_now:
                 began = time.monotonic()

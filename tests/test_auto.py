@@ -210,28 +210,82 @@ def test_a_cpu_runs_passes_are_counted_at_the_share_of_its_probe_that_a_run_sust
         in capped.reason, capped.reason
 
 
+def _web_plan(**over) -> dict:
+    """Rule 11's facts for a quarter hour of the WEB (958,751 tokens; rule 3's step at 10.3 passes, its cap 32.6)
+    whose probe read 9,000 tokens/s and one validation at 11 s."""
+    return {"after_seconds": 60.0, "train_tokens": 958_751, "sustained": 0.94, "probe_tokens_per_s": 9_000.0,
+            "validation_seconds": 11.0, "validation_minutes": 10.0, "cadence_given": False, "budget_seconds": 900.0,
+            "cap": auto.max_epochs(958_751), "decay_from": auto.decay_from(958_751), "base_epochs": 10,
+            "max_dropout": auto.SMALLEST_MAX_DROPOUT, "decays": False, "expected_epochs": 10.9, "dropout": 0.3,
+            "weight_decay": 0.0, "capped": False, "validation_every": 0, **over}
+
+
 def test_rule_11_the_runs_first_minute_reread_moves_the_dropout_where_rule_3_steps(no_bf16):
-    """The WEB's quarter hour (958,751 tokens, rule 3's step at 10.3 passes): its probe counted 10.9 passes and took
-    0.3; after a first minute at 9,000 tokens/s the run expects (540,000 + 9,000 x 0.94 x 775 s) / 958,751 = 7.4
-    passes and takes 0.1; at 13,000 tokens/s 10.7, and keeps 0.3. The 786 s left hold one validation of 11 s."""
-    plan = {"train_tokens": 958_751, "sustained": 0.94, "validation_seconds": 11.0, "validation_minutes": 10.0,
-            "max_dropout": auto.SMALLEST_MAX_DROPOUT}
-    passes, dropout = auto.read_own_rate(plan, 540_000, 9_000.0, 786.0)
-    assert (round(passes, 2), dropout) == (7.4, 0.1)
-    passes, dropout = auto.read_own_rate(plan, 780_000, 13_000.0, 786.0)
-    assert (round(passes, 2), dropout) == (10.69, 0.3)
+    """The WEB's quarter hour: its probe counted 10.9 passes and took 0.3. After a first minute at the probe's 9,000
+    tokens/s the run expects (540,000 + 9,000 x 0.94 x (786 - 11) s) / 958,751 = 7.4 passes and takes 0.1; at
+    13,000 the validation is timed as the host now runs, 11 x 9,000 / 13,000 = 7.6 s, and (780,000 + 13,000 x 0.94
+    x 778.4) / 958,751 = 10.7 passes keep 0.3."""
+    read = auto.read_own_rate(_web_plan(), 540_000, 9_000.0, 786.0)
+    assert (round(read.passes, 2), read.dropout, read.weight_decay, read.capped) == (7.4, 0.1, 0.0, False)
+    assert (read.validation_seconds, read.epochs, read.validation_minutes) == (11.0, 15, 10.0)
+    read = auto.read_own_rate(_web_plan(), 780_000, 13_000.0, 786.0)
+    assert (round(read.passes, 2), read.dropout, round(read.validation_seconds, 2)) == (10.73, 0.3, 7.62)
     # past 25 passes rule 3 gives 0.4, which the smallest shape does not take
-    assert auto.read_own_rate(plan, 0, 40_000.0, 3600.0)[1] == 0.3
-    assert auto.read_own_rate({**plan, "max_dropout": 1.0}, 0, 40_000.0, 3600.0)[1] == 0.4
+    assert auto.read_own_rate(_web_plan(), 0, 40_000.0, 3600.0).dropout == 0.3
+    assert auto.read_own_rate(_web_plan(max_dropout=1.0), 0, 40_000.0, 3600.0).dropout == 0.4
+    # a probe beside busy processes read a validation at 280 s (the WEB's 20 minutes, docs/auto.md); the run, 3.6x
+    # the probe's rate, counts it at 79 s and expects 14.1 passes, what that run made (at 280 s: 11.4)
+    slow = _web_plan(probe_tokens_per_s=3_857.0, validation_seconds=280.0, budget_seconds=1200.0)
+    read = auto.read_own_rate(slow, 823_000, 13_721.0, 1066.0)
+    assert round(read.validation_seconds) == 79 and read.validation_minutes == 10
+    assert round(read.passes, 1) == 14.1 and read.dropout == 0.3
+    # the user's cadence stays theirs
+    assert auto.read_own_rate({**slow, "validation_minutes": 4.0, "cadence_given": True}, 823_000, 13_721.0,
+                              1066.0).validation_minutes == 4.0
+
+
+def test_rule_11_reads_rule_4s_decay_and_rule_5s_cap_from_the_first_minute(no_bf16):
+    """0.2M tokens (the cap 14.9 passes, decay from 12), the smallest shape: a probe that read the host at a third
+    of its pace counted 8.6 passes (dropout 0.3, Adam, the clock ends the run); the first minute at three times
+    that rate expects 25.2 and so reaches the cap: AdamW decay 0.2, the run 14.9 passes long (464 s more at 6,000
+    x 0.94), its validations spread over the cap's steps (rule 9: 1 + 0.5 x the 376 s the cap leaves, over 10 s a
+    validation: 19). Read the other way (a probe at three times the run's pace, capped), the run drops both."""
+    tokens = 200_000
+    plan = _web_plan(train_tokens=tokens, probe_tokens_per_s=2_000.0, validation_seconds=30.0, budget_seconds=900.0,
+                     cap=auto.max_epochs(tokens), decay_from=auto.decay_from(tokens), decays=True,
+                     expected_epochs=8.6, dropout=0.3)
+    assert (plan["cap"], plan["decay_from"]) == (14.9, 12)
+    read = auto.read_own_rate(plan, 360_000, 6_000.0, 840.0)
+    assert (read.capped, read.epochs, read.weight_decay, read.dropout) == (True, 14.9, 0.2, 0.3)
+    assert round(read.passes, 1) == 25.2 and read.validation_seconds == 10.0 and read.cap_validations == 19
+    # the cap with little to spare: its 14.9 passes take 1,057 s at 3,000 x 0.94 and one validation of 20 s on the
+    # clock's cadence, which leave 38 s of the 1,115: 1 + 0.5 x 38 / 20 = 1 (its last alone)
+    assert auto.read_own_rate(plan, 0, 3_000.0, 1_115.0).cap_validations == 1
+    # the smallest shape on a corpus over 0.43M tokens takes no decay, even at its cap
+    big = _web_plan(probe_tokens_per_s=9_000.0, validation_seconds=11.0, decays=False)
+    read = auto.read_own_rate(big, 0, 60_000.0, 3600.0)
+    assert read.capped and read.epochs == big["cap"] and read.weight_decay == 0.0
+    assert auto.read_own_rate({**big, "decays": True}, 0, 60_000.0, 3600.0).weight_decay == 0.2
+    # the probe capped with decay, the run at a ninth of its rate (its validation 9 x 30 s, none before the clock):
+    # (360,000 + 2,000 x 0.94 x 840) / 200,000 = 9.7 passes; the clock ends it, Adam, the run 2 x its passes long
+    fast = {**plan, "probe_tokens_per_s": 18_000.0, "expected_epochs": 60.0, "capped": True, "weight_decay": 0.2}
+    read = auto.read_own_rate(fast, 360_000, 2_000.0, 840.0)
+    assert (read.capped, read.weight_decay, read.dropout, round(read.passes, 2)) == (False, 0.0, 0.3, 9.7)
+    assert read.epochs == math.ceil(2 * read.passes) == 20 and read.cap_validations == 1
+
+
     # the choice hands the run its facts on a CPU with a time budget, and not with --epochs or on a GPU
     measure = rates({(SMALL.name, "fp32"): 10_000.0, (LARGE.name, "fp32"): 3_000.0})
     choice = choose(dataclasses.replace(facts(tokens=958_751, budget=900.0), validation_tokens=110_765,
                                         sustained=0.94), measure)
-    assert choice.shape == SMALL.name and choice.reread == {
-        "after_seconds": auto.READ_AFTER_SECONDS, "train_tokens": 958_751, "sustained": 0.94,
-        "validation_seconds": round(110_765 / (auto.VALIDATION_OVER_TRAINING * 10_000.0), 1),
-        "validation_minutes": 10.0, "max_dropout": 0.3, "expected_epochs": round(choice.expected_epochs, 2),
-        "dropout": choice.config.training.dropout}
+    assert choice.shape == SMALL.name and choice.reread == _web_plan(
+        after_seconds=auto.READ_AFTER_SECONDS, probe_tokens_per_s=10_000.0,
+        validation_seconds=round(110_765 / (auto.VALIDATION_OVER_TRAINING * 10_000.0), 1),
+        expected_epochs=round(choice.expected_epochs, 2), dropout=choice.config.training.dropout,
+        base_epochs=auto._base(facts(tokens=958_751, budget=900.0)).training.epochs)
+    # a plan read at the probe's own rate gives what the probe gave
+    again = auto.read_own_rate(choice.reread, 0, 10_000.0, 900.0 - 4.5)
+    assert again.dropout == choice.config.training.dropout and not again.capped
     assert choice.record()["reread"] == choice.reread
     assert choose(facts(tokens=958_751, budget=900.0, epochs=5.0), measure).reread is None
     assert "reread" not in choose(facts(tokens=958_751, epochs=5.0, budget=0.0), measure).record()

@@ -86,8 +86,7 @@ def test_autos_read_of_the_runs_own_rate_moves_its_dropout_and_a_resume_keeps_it
     from elmo_cli.train import resume_config
 
     _, train_dir, _ = shards
-    plan = {"after_seconds": 0.0, "train_tokens": 10**12, "sustained": 0.94, "validation_seconds": 0.0,
-            "validation_minutes": 10.0, "max_dropout": 1.0, "expected_epochs": 30.0, "dropout": 0.4}
+    plan = _plan(train_tokens=10**12)
     cfg = tiny_config(max_steps=40, max_time=3600.0, dropout=0.4)
     r = train(cfg, train_dir, tmp_path / "a", chosen={"reread": plan})
     records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
@@ -106,6 +105,77 @@ def test_autos_read_of_the_runs_own_rate_moves_its_dropout_and_a_resume_keeps_it
     same = train(tiny_config(max_steps=10, max_time=3600.0, dropout=0.1), train_dir, tmp_path / "c",
                  chosen={"reread": {**plan, "dropout": 0.1}})
     assert same.read["dropout"] == 0.1 and not any("from here" in n for n in same.notes)
+
+
+def _plan(**over) -> dict:
+    """`auto`'s rule 11 facts (`Choice.reread`) for the tiny runs: read at the first record (0 s), nothing validated,
+    a probe that expected 30 passes at dropout 0.4, Adam, the clock ending the run."""
+    return {"after_seconds": 0.0, "train_tokens": 10**12, "sustained": 0.94, "probe_tokens_per_s": 1_000.0,
+            "validation_seconds": 0.0, "validation_minutes": 10.0, "cadence_given": False, "budget_seconds": 3600.0,
+            "cap": 10**6, "decay_from": 10**6, "base_epochs": 10, "max_dropout": 1.0, "decays": True,
+            "expected_epochs": 30.0, "dropout": 0.4, "weight_decay": 0.0, "capped": False, "validation_every": 0,
+            **over}
+
+
+def test_autos_read_reaching_the_pass_cap_trains_with_decay_and_stops_there_and_a_resume_keeps_both(shards,
+                                                                                                    tmp_path):
+    """Rule 11 with rules 4 and 5: a run whose probe expected no cap and Adam reads, at its first record (step 5),
+    that an hour's passes reach the cap of 2 passes: from step 6 it trains with AdamW decay 0.2 and stops at the
+    cap's last step (the schedule laid over those steps). A run stopped at step 10 and resumed from its config.json
+    ends bit-identical to the unbroken one."""
+    from elmo_cli.train import resume_config, steps_per_epoch
+
+    _, train_dir, _ = shards
+    tokens = ShardDataset(train_dir).total_tokens
+    cap_steps = math.ceil(2 * steps_per_epoch(tokens, 4, 8))
+    assert cap_steps > 10
+    plan = _plan(train_tokens=tokens, cap=2.0, decay_from=1.5, max_dropout=0.4)
+    cfg = tiny_config(epochs=40, max_time=3600.0, dropout=0.4, optimizer="adam", lr=4e-3)
+    r = train(cfg, train_dir, tmp_path / "a", chosen={"reread": plan})
+    assert (r.step, r.stopped) == (cap_steps, "finished")
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())["training"]
+    assert (saved["optimizer"], saved["weight_decay"], saved["epochs"], saved["dropout"]) == ("adamw", 0.2, 2.0, 0.4)
+    assert r.read["capped"] and (r.read["weight_decay"], r.read["weight_decay_before"]) == (0.2, 0.0)
+    assert any("AdamW decay 0.2 from here (rule 4); it stops after its cap of 2 passes (rule 5)" in n
+               for n in r.notes), r.notes
+    groups = load_checkpoint(latest_checkpoint(tmp_path / "a"))["optimizer"]["param_groups"]
+    assert all(g["weight_decay"] == 0.2 and g.get("decoupled_weight_decay", True) for g in groups)
+    train(tiny_config(epochs=40, max_time=3600.0, dropout=0.4, optimizer="adam", lr=4e-3, max_steps=10), train_dir,
+          tmp_path / "b", chosen={"reread": plan})
+    with pytest.raises(ElmoError, match="cannot resume with training.optimizer = 'adam'"):
+        train(cfg, train_dir, tmp_path / "b", resume=True)
+    again = train(resume_config(tmp_path / "b").with_training(max_steps=0), train_dir, tmp_path / "b", resume=True)
+    assert (again.resumed_from, again.step) == (10, cap_steps)
+    _assert_same_params(_params(tmp_path / "a"), _params(tmp_path / "b"))
+
+
+def test_adam_switched_to_adamw_keeps_its_moments_and_decays_from_there():
+    """`_TrainState.switch_optimizer`'s arithmetic: Adam for 3 steps, then AdamW decay 0.2 for 2, equals AdamW at
+    decay 0 for 3 steps (Adam's update) and 0.2 for 2."""
+    from elmo_cli.train import _TrainState
+
+    def steps(opt, p, n):
+        for i in range(n):
+            opt.zero_grad()
+            ((p - torch.arange(4.0)) ** 2 * (i + 1)).sum().backward()
+            opt.step()
+
+    torch.manual_seed(0)
+    start = torch.randn(4)
+    a, b = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    adam, decayed = tiny_config(optimizer="adam", lr=0.1).training, tiny_config(optimizer="adamw", lr=0.1,
+                                                                               weight_decay=0.2).training
+    holder = type("Holder", (), {})()  # the part of a _TrainState the switch reads: params and optimizer
+    holder.params, holder.optimizer = [a], make_optimizer([a], adam)
+    steps(holder.optimizer, a, 3)
+    _TrainState.switch_optimizer(holder, decayed)
+    assert isinstance(holder.optimizer, torch.optim.AdamW)
+    steps(holder.optimizer, a, 2)
+    reference = make_optimizer([b], dataclasses.replace(decayed, weight_decay=0.0))
+    steps(reference, b, 3)
+    reference.param_groups[0]["weight_decay"] = 0.2
+    steps(reference, b, 2)
+    assert torch.equal(a, b) and not torch.equal(a, start)
 
 
 def test_resume_20_then_40_equals_40(shards, tmp_path):
