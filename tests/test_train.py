@@ -149,6 +149,24 @@ def test_autos_read_reaching_the_pass_cap_trains_with_decay_and_stops_there_and_
     _assert_same_params(_params(tmp_path / "a"), _params(tmp_path / "b"))
 
 
+def test_autos_read_lengthens_a_run_whose_probe_read_under_half_its_pace(shards, tmp_path):
+    """A time-budgeted `auto` run is twice its expected passes long (at least the recipe's), so that its clock ends
+    it; where the probe read under half the host's pace, that length would end the run first. Rule 11's read sets
+    it from the run's own rate: a 4-s run whose length was one pass trains on to its clock."""
+    from elmo_cli.train import steps_per_epoch
+
+    _, train_dir, _ = shards
+    tokens = ShardDataset(train_dir).total_tokens
+    plan = _plan(train_tokens=tokens, base_epochs=1, budget_seconds=4.0, expected_epochs=0.5, dropout=0.1,
+                 max_dropout=0.1)
+    r = train(tiny_config(epochs=1, max_time=4.0, dropout=0.1, optimizer="adam"), train_dir, tmp_path / "a",
+              chosen={"reread": plan})
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())["training"]
+    assert r.read["epochs"] == saved["epochs"] == math.ceil(2 * r.read["expected_epochs"]) > 1
+    assert r.stopped == "max_time" and r.step > steps_per_epoch(tokens, 4, 8)
+    assert any("the clock ends it, not 1 passes" in n for n in r.notes), r.notes
+
+
 def test_adam_switched_to_adamw_keeps_its_moments_and_decays_from_there():
     """`_TrainState.switch_optimizer`'s arithmetic: Adam for 3 steps, then AdamW decay 0.2 for 2, equals AdamW at
     decay 0 for 3 steps (Adam's update) and 0.2 for 2."""
