@@ -41,7 +41,9 @@ WITHIN = 0.10  # how close to its run a probe should read (docs/auto.md, rule 10
 # (the `zh` poems' capped quarter hours trained 0.9-1.6 minutes; with them the tuning median reads 1.032, not 1.065)
 MIN_RUN_MINUTES = 3.0
 # Runs whose probe was disturbed on purpose: they measure rule 11, not the probe's bias
-DISTURBED = ("quality-web-rule11-hog-zen5-20m-2026-12-07.json",)  # the probe beside two busy processes
+DISTURBED = ("quality-web-rule11-hog-zen5-20m-2026-12-07.json",  # the probe beside two busy processes
+             "quality-web-0p2-read-hog-zen5-15m-2026-12-07.json",  # beside three
+             "quality-web-0p2-oldread-hog-zen5-15m-2026-12-07.json")
 EARLY_MINUTES = (1.0, 2.0, 3.0)  # a read inside the run, after its first minutes of training, against the rest
 
 

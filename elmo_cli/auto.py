@@ -212,6 +212,10 @@ READ_SPREAD_MAX = 1.5  # reads further apart: one is an outlier (440 tokens/s on
 # and a read kept as the faster of two is the higher; a new process reads the step no faster than the one that ran
 SUSTAINED_SHARE = 0.94
 READ_AFTER_SECONDS = 60.0  # rule 11: the run's own rate, read after this much training
+# ... and a run whose passes now expected are over this share of its length (twice the passes its probe expected, at
+# least the recipe's 40) is made twice those passes long: the steps would end it before its clock (a probe read
+# under a third of the host's pace); short of it, a host that speeds up later still has its margin
+READ_LENGTH_SHARE = 2 / 3
 PROBE_FRACTION = 0.005  # of the budget, per probed configuration, between the bounds below
 PROBE_SECONDS = (1.0, 6.0)
 
@@ -316,7 +320,11 @@ def read_own_rate(plan: dict, tokens_done: int, tokens_per_s: float, seconds_lef
     cap = plan["cap"]
     capped = passes > cap
     decay = WEIGHT_DECAY if plan["decays"] and min(passes, cap) >= plan["decay_from"] else 0.0
-    epochs = cap if capped else max(plan["base_epochs"], math.ceil(2 * passes))
+    # The run's length in passes: the cap, or where the clock ends the run, twice the passes expected (at least the
+    # recipe's); the probe's stays unless the passes now expected are over `READ_LENGTH_SHARE` of it.
+    epochs = cap if capped else plan["epochs"]
+    if not capped and (plan["capped"] or passes > READ_LENGTH_SHARE * plan["epochs"]):
+        epochs = max(plan["base_epochs"], math.ceil(2 * passes))
     cap_validations = 1
     if capped and one > 0:
         to_cap = max(cap * total - tokens_done, 0) / rate
@@ -706,7 +714,7 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                   "max_dropout": SMALLEST_MAX_DROPOUT if shape is LADDER[0] else 1.0,
                   "decays": shape is not LADDER[0] or facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS,
                   "expected_epochs": round(budget_epochs, 2), "dropout": dropout, "weight_decay": decay,
-                  "capped": capped, "validation_every": extra.get("validation_every", 0)}
+                  "capped": capped, "epochs": run_epochs, "validation_every": extra.get("validation_every", 0)}
     return Choice(config, reason, tuple(probes), epochs, shape.name, rate, sustained=facts.sustained,
                   reread=reread)
 

@@ -861,9 +861,9 @@ class _Trainer:
                 changes["validation_every"] = math.ceil(cap_steps / read.cap_validations) if read.capped else 0
             said.append(f"it stops after its cap of {read.epochs:g} passes (rule 5)" if read.capped else
                         f"the clock ends it, not the cap of {plan['cap']:g} passes (rule 5)")
-        elif not read.capped and read.epochs > tc.epochs:  # a probe read under half the run's pace: the run's
-            changes["epochs"] = read.epochs  # length (2 x its passes) would end it before its clock
-            said.append(f"the clock ends it, not {tc.epochs:g} passes")
+        elif read.epochs != plan["epochs"]:  # lengthened: the probe's length would end it before its clock
+            changes["epochs"] = read.epochs
+            said.append(f"the clock ends it, not {plan['epochs']:g} passes")
         self.read = {"step": self.progress.step, "tokens_per_s": round(tokens_per_s, 1),
                      "sustained": plan["sustained"], "expected_epochs": round(read.passes, 2),
                      "probe_expected_epochs": plan["expected_epochs"], "dropout": read.dropout,

@@ -215,9 +215,9 @@ def _web_plan(**over) -> dict:
     whose probe read 9,000 tokens/s and one validation at 11 s."""
     return {"after_seconds": 60.0, "train_tokens": 958_751, "sustained": 0.94, "probe_tokens_per_s": 9_000.0,
             "validation_seconds": 11.0, "validation_minutes": 10.0, "cadence_given": False, "budget_seconds": 900.0,
-            "cap": auto.max_epochs(958_751), "decay_from": auto.decay_from(958_751), "base_epochs": 10,
+            "cap": auto.max_epochs(958_751), "decay_from": auto.decay_from(958_751), "base_epochs": 40,
             "max_dropout": auto.SMALLEST_MAX_DROPOUT, "decays": False, "expected_epochs": 10.9, "dropout": 0.3,
-            "weight_decay": 0.0, "capped": False, "validation_every": 0, **over}
+            "weight_decay": 0.0, "capped": False, "epochs": 40, "validation_every": 0, **over}
 
 
 def test_rule_11_the_runs_first_minute_reread_moves_the_dropout_where_rule_3_steps(no_bf16):
@@ -227,7 +227,7 @@ def test_rule_11_the_runs_first_minute_reread_moves_the_dropout_where_rule_3_ste
     x 778.4) / 958,751 = 10.7 passes keep 0.3."""
     read = auto.read_own_rate(_web_plan(), 540_000, 9_000.0, 786.0)
     assert (round(read.passes, 2), read.dropout, read.weight_decay, read.capped) == (7.4, 0.1, 0.0, False)
-    assert (read.validation_seconds, read.epochs, read.validation_minutes) == (11.0, 15, 10.0)
+    assert (read.validation_seconds, read.epochs, read.validation_minutes) == (11.0, 40, 10.0)
     read = auto.read_own_rate(_web_plan(), 780_000, 13_000.0, 786.0)
     assert (round(read.passes, 2), read.dropout, round(read.validation_seconds, 2)) == (10.73, 0.3, 7.62)
     # past 25 passes rule 3 gives 0.4, which the smallest shape does not take
@@ -271,9 +271,12 @@ def test_rule_11_reads_rule_4s_decay_and_rule_5s_cap_from_the_first_minute(no_bf
     fast = {**plan, "probe_tokens_per_s": 18_000.0, "expected_epochs": 60.0, "capped": True, "weight_decay": 0.2}
     read = auto.read_own_rate(fast, 360_000, 2_000.0, 840.0)
     assert (read.capped, read.weight_decay, read.dropout, round(read.passes, 2)) == (False, 0.0, 0.3, 9.7)
-    assert read.epochs == math.ceil(2 * read.passes) == 20 and read.cap_validations == 1
-
-
+    assert read.epochs == 40 and read.cap_validations == 1  # twice its 9.7 passes, at least the recipe's 40
+    # the run's length is the probe's (40 passes here) until the passes now expected pass two thirds of it: at
+    # 10,000 tokens/s from the start of an hour 34.8 passes make it 70 long; at 7,000, 24.2 leave it 40
+    lengthened = auto.read_own_rate(_web_plan(cap=100.0), 0, 10_000.0, 3_600.0)
+    assert (round(lengthened.passes, 1), lengthened.epochs) == (34.8, 70)
+    assert auto.read_own_rate(_web_plan(cap=100.0), 0, 7_000.0, 3_600.0).epochs == 40
     # the choice hands the run its facts on a CPU with a time budget, and not with --epochs or on a GPU
     measure = rates({(SMALL.name, "fp32"): 10_000.0, (LARGE.name, "fp32"): 3_000.0})
     choice = choose(dataclasses.replace(facts(tokens=958_751, budget=900.0), validation_tokens=110_765,
@@ -282,7 +285,7 @@ def test_rule_11_reads_rule_4s_decay_and_rule_5s_cap_from_the_first_minute(no_bf
         after_seconds=auto.READ_AFTER_SECONDS, probe_tokens_per_s=10_000.0,
         validation_seconds=round(110_765 / (auto.VALIDATION_OVER_TRAINING * 10_000.0), 1),
         expected_epochs=round(choice.expected_epochs, 2), dropout=choice.config.training.dropout,
-        base_epochs=auto._base(facts(tokens=958_751, budget=900.0)).training.epochs)
+        epochs=choice.config.training.epochs)
     # a plan read at the probe's own rate gives what the probe gave
     again = auto.read_own_rate(choice.reread, 0, 10_000.0, 900.0 - 4.5)
     assert again.dropout == choice.config.training.dropout and not again.capped

@@ -113,8 +113,8 @@ def _plan(**over) -> dict:
     return {"after_seconds": 0.0, "train_tokens": 10**12, "sustained": 0.94, "probe_tokens_per_s": 1_000.0,
             "validation_seconds": 0.0, "validation_minutes": 10.0, "cadence_given": False, "budget_seconds": 3600.0,
             "cap": 10**6, "decay_from": 10**6, "base_epochs": 10, "max_dropout": 1.0, "decays": True,
-            "expected_epochs": 30.0, "dropout": 0.4, "weight_decay": 0.0, "capped": False, "validation_every": 0,
-            **over}
+            "expected_epochs": 30.0, "dropout": 0.4, "weight_decay": 0.0, "capped": False, "epochs": 10,
+            "validation_every": 0, **over}
 
 
 def test_autos_read_reaching_the_pass_cap_trains_with_decay_and_stops_there_and_a_resume_keeps_both(shards,
@@ -157,8 +157,8 @@ def test_autos_read_lengthens_a_run_whose_probe_read_under_half_its_pace(shards,
 
     _, train_dir, _ = shards
     tokens = ShardDataset(train_dir).total_tokens
-    plan = _plan(train_tokens=tokens, base_epochs=1, budget_seconds=4.0, expected_epochs=0.5, dropout=0.1,
-                 max_dropout=0.1)
+    plan = _plan(train_tokens=tokens, base_epochs=1, epochs=1, budget_seconds=4.0, expected_epochs=0.5,
+                 dropout=0.1, max_dropout=0.1)
     r = train(tiny_config(epochs=1, max_time=4.0, dropout=0.1, optimizer="adam"), train_dir, tmp_path / "a",
               chosen={"reread": plan})
     saved = json.loads((tmp_path / "a" / "config.json").read_text())["training"]
