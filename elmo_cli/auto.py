@@ -304,7 +304,8 @@ def read_own_rate(plan: dict, tokens_done: int, tokens_per_s: float, seconds_lef
     plan : `Choice.reread` (written by `choose`): the corpus's ``train_tokens``, ``sustained``, the probe's
         ``probe_tokens_per_s`` (the step chosen), ``validation_seconds`` and ``validation_minutes`` (rule 9, with
         ``cadence_given``: the user's), ``budget_seconds``, ``cap`` and ``decay_from`` (rules 5 and 4),
-        ``max_dropout`` and ``decays`` (the smallest shape's bounds), ``base_epochs`` (the recipe's length).
+        ``max_dropout`` and ``decays`` (the smallest shape's bounds), ``capped`` and ``epochs`` (the probe's run
+        length in passes), ``base_epochs`` (the recipe's), ``expected_epochs`` and ``dropout`` (the probe's).
     tokens_done : tokens trained so far; tokens_per_s : their rate (validations and checkpoints left out);
     seconds_left : of the time budget, on the run's clock.
     """
@@ -713,8 +714,8 @@ def choose(facts: Facts, measure: Callable[[RunConfig, float], float], source: s
                   "cap": cap, "decay_from": near, "base_epochs": base.training.epochs,
                   "max_dropout": SMALLEST_MAX_DROPOUT if shape is LADDER[0] else 1.0,
                   "decays": shape is not LADDER[0] or facts.train_tokens <= SMALLEST_DECAY_MAX_TOKENS,
-                  "expected_epochs": round(budget_epochs, 2), "dropout": dropout, "weight_decay": decay,
-                  "capped": capped, "epochs": run_epochs, "validation_every": extra.get("validation_every", 0)}
+                  "expected_epochs": round(budget_epochs, 2), "dropout": dropout, "capped": capped,
+                  "epochs": run_epochs}
     return Choice(config, reason, tuple(probes), epochs, shape.name, rate, sustained=facts.sustained,
                   reread=reread)
 

@@ -217,7 +217,7 @@ def _web_plan(**over) -> dict:
             "validation_seconds": 11.0, "validation_minutes": 10.0, "cadence_given": False, "budget_seconds": 900.0,
             "cap": auto.max_epochs(958_751), "decay_from": auto.decay_from(958_751), "base_epochs": 40,
             "max_dropout": auto.SMALLEST_MAX_DROPOUT, "decays": False, "expected_epochs": 10.9, "dropout": 0.3,
-            "weight_decay": 0.0, "capped": False, "epochs": 40, "validation_every": 0, **over}
+            "capped": False, "epochs": 40, **over}
 
 
 def test_rule_11_the_runs_first_minute_reread_moves_the_dropout_where_rule_3_steps(no_bf16):
@@ -268,7 +268,7 @@ def test_rule_11_reads_rule_4s_decay_and_rule_5s_cap_from_the_first_minute(no_bf
     assert auto.read_own_rate({**big, "decays": True}, 0, 60_000.0, 3600.0).weight_decay == 0.2
     # the probe capped with decay, the run at a ninth of its rate (its validation 9 x 30 s, none before the clock):
     # (360,000 + 2,000 x 0.94 x 840) / 200,000 = 9.7 passes; the clock ends it, Adam, the run 2 x its passes long
-    fast = {**plan, "probe_tokens_per_s": 18_000.0, "expected_epochs": 60.0, "capped": True, "weight_decay": 0.2}
+    fast = {**plan, "probe_tokens_per_s": 18_000.0, "expected_epochs": 60.0, "capped": True, "epochs": 14.9}
     read = auto.read_own_rate(fast, 360_000, 2_000.0, 840.0)
     assert (read.capped, read.weight_decay, read.dropout, round(read.passes, 2)) == (False, 0.0, 0.3, 9.7)
     assert read.epochs == 40 and read.cap_validations == 1  # twice its 9.7 passes, at least the recipe's 40

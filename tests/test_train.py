@@ -113,8 +113,7 @@ def _plan(**over) -> dict:
     return {"after_seconds": 0.0, "train_tokens": 10**12, "sustained": 0.94, "probe_tokens_per_s": 1_000.0,
             "validation_seconds": 0.0, "validation_minutes": 10.0, "cadence_given": False, "budget_seconds": 3600.0,
             "cap": 10**6, "decay_from": 10**6, "base_epochs": 10, "max_dropout": 1.0, "decays": True,
-            "expected_epochs": 30.0, "dropout": 0.4, "weight_decay": 0.0, "capped": False, "epochs": 10,
-            "validation_every": 0, **over}
+            "expected_epochs": 30.0, "dropout": 0.4, "capped": False, "epochs": 10, **over}
 
 
 def test_autos_read_reaching_the_pass_cap_trains_with_decay_and_stops_there_and_a_resume_keeps_both(shards,
