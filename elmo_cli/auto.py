@@ -28,9 +28,10 @@ steps of each candidate shape on this process (`train.measure_throughput`). The 
    `BF16_GAIN` times faster (it is for the larger shapes on AVX-512 BF16 CPUs, not for the smallest).
 3. Dropout follows the expected epochs of the chosen shape (`DROPOUT_BY_EPOCHS`): a model that sees its corpus a
    few times needs little, one that sees it fifty times needs much, and a larger corpus takes more passes to
-   overfit (`dropout_step`: the step from 0.1 to 0.3 comes at 8 passes of 0.2M tokens and about 10 of 1M); the
-   smallest shape keeps at most `laptop`'s
-   (`SMALLEST_MAX_DROPOUT`), its 0.4 having lost an hour on the addresses by 4.7% (docs/auto.md).
+   overfit (`dropout_step`: the step from 0.1 comes at 8 passes of 0.2M tokens and about 10 of 1M). Past it a
+   larger corpus trains `MIDDLE_DROPOUT` (0.2) for a while (`middle_dropout_end`: none at 0.2M tokens, to 17.5
+   passes at 0.96M, growing with the square root of the corpus), then 0.3; the smallest shape keeps at most
+   `laptop`'s (`SMALLEST_MAX_DROPOUT`), its 0.4 having lost an hour on the addresses by 4.7% (docs/auto.md).
 4. A budget that takes the run near the passes the corpus bears (`decay_from`: `DECAY_CAP_SHARE` of the cap of
    5., and never under `DECAY_FROM_EPOCHS`) trains with AdamW and decoupled weight decay (`WEIGHT_DECAY`): where
    the model has stopped improving (15 passes over 0.2M tokens) it gains 1.4-2.4% of held-out perplexity; where it
@@ -143,6 +144,10 @@ EPOCHS_FOR_SHAPE_WITHOUT_TIME = 3600.0  # --epochs/--max-steps only: the shape a
 DROPOUT_BY_EPOCHS = ((8.0, 0.1), (25.0, 0.3), (math.inf, 0.4))
 DROPOUT_STEP_TOKENS = 200_000
 DROPOUT_STEP_PER_DOUBLING = 1.0
+# Past the step, up to `middle_dropout_end` passes (growing with the square root of the corpus, none at 0.2M), the
+# middle dropout: at fixed passes of the WEB (0.96M tokens, held out; docs/auto.md, "Dropout 0.2 between the
+# steps") 0.2 won at 14 passes by 1.4% and 0.3 at 20 by 0.9%; on 45% of it (0.43M) 0.2 won at 10.5 by 1.4%
+MIDDLE_DROPOUT = 0.2
 # ... but the smallest shape keeps at most `laptop`'s 0.3: 0.4 was measured on 1024/256 (Austen and the KJV, 2 hours
 # at 25-29 passes); on 512/128 it ended an hour on the addresses (Zen 5, 28.3 passes expected, 20.9 made) at 0.655
 # against laptop's 0.626 right after (the same shape at 0.3, 19.8 passes; docs/auto.md), and 2 hours to the
@@ -350,10 +355,21 @@ def dropout_step(train_tokens: int) -> float:
     return round(first + DROPOUT_STEP_PER_DOUBLING * max(0.0, math.log2(train_tokens / DROPOUT_STEP_TOKENS)), 1)
 
 
+def middle_dropout_end(train_tokens: int) -> float:
+    """The expected passes up to which rule 3 trains `MIDDLE_DROPOUT` past `dropout_step`: 8 up to 0.2M tokens (no
+    middle band there: 0.3 beat 0.2 at 8.8-9.2 passes), growing with the square root of the corpus past that, as the
+    pass cap does (17.5 at 0.96M tokens, where 0.2 won at 14 passes and 0.3 at 20)."""
+    first = DROPOUT_BY_EPOCHS[0][0]
+    grown = first * math.sqrt(max(train_tokens, DROPOUT_STEP_TOKENS) / DROPOUT_STEP_TOKENS)
+    return round(max(grown, dropout_step(train_tokens)), 1)
+
+
 def dropout_for(epochs: float, train_tokens: int) -> float:
     """Rule 3's dropout for the passes a run is expected to make over a corpus of `train_tokens`."""
     if epochs < dropout_step(train_tokens):
         return DROPOUT_BY_EPOCHS[0][1]
+    if epochs < min(middle_dropout_end(train_tokens), DROPOUT_BY_EPOCHS[1][0]):
+        return MIDDLE_DROPOUT
     return next(d for bound, d in DROPOUT_BY_EPOCHS[1:] if epochs < bound)
 
 

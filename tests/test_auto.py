@@ -170,17 +170,24 @@ def test_weight_decay_where_the_run_nears_the_passes_its_corpus_bears(no_bf16):
 
 
 def test_rule_3s_step_to_dropout_03_comes_later_on_a_larger_corpus(no_bf16):
-    """The step from 0.1 to 0.3: 8 passes up to 0.2M tokens (0.3 best at 8.8 there), then one more per doubling: at
-    9.5 passes 0.1 won the poems (1.05M tokens) and the addresses (0.92M), and the Spanish Bible (0.75M) was level."""
+    """The step from 0.1: 8 passes up to 0.2M tokens (0.3 best at 8.8 there), then one more per doubling: at 9.5
+    passes 0.1 won the poems (1.05M tokens) and the addresses (0.92M), and the Spanish Bible (0.75M) was level.
+    Past it a larger corpus trains 0.2 up to 8 passes times the square root of its size over 0.2M (on the WEB,
+    0.96M tokens, 0.2 won at 14 passes and 0.3 at 20), then 0.3; 0.2M tokens have no such band."""
+    assert [auto.middle_dropout_end(n) for n in (32_000, 205_391, 433_170, 958_751, 4_000_000)] == \
+        [8.0, 8.1, 11.8, 17.5, 35.8]
+    assert [auto.dropout_for(e, 958_751) for e in (10.2, 10.3, 14.0, 17.4, 17.5, 20.0)] == \
+        [0.1, 0.2, 0.2, 0.2, 0.3, 0.3]
+    assert [auto.dropout_for(e, 4_000_000) for e in (12.3, 24.9, 25.0)] == [0.2, 0.2, 0.4]  # 0.3's band passed over
     assert [auto.dropout_step(n) for n in (32_000, 205_391, 409_000, 749_310, 915_556, 1_050_948)] == \
         [8.0, 8.0, 9.0, 9.9, 10.2, 10.4]
     assert [auto.dropout_for(8.8, n) for n in (205_391, 1_050_948)] == [0.3, 0.1]
-    assert [auto.dropout_for(e, 749_310) for e in (9.8, 9.9, 24.9, 25.0)] == [0.1, 0.3, 0.3, 0.4]
+    assert [auto.dropout_for(e, 749_310) for e in (9.8, 9.9, 15.4, 15.5, 24.9, 25.0)] == [0.1, 0.2, 0.2, 0.3, 0.3, 0.4]
     # the poems' quarter hour at 64 rows (2 Zen 5 cores, 2026-12-06): 8.0 passes expected, which took 0.3 and
-    # lost by 8.8% to 0.1; now 0.1, and 0.3 past 10.4 passes, the larger shape's 0.4 past 25
+    # lost by 8.8% to 0.1; now 0.1, 0.2 past 10.4 passes, 0.3 past 18.3, the larger shape's 0.4 past 25
     measure = rates({(SMALL.name, "fp32"): 10_000.0, (LARGE.name, "fp32"): 1_000.0})
     poems = facts(tokens=1_050_948, sentences=40_000)
-    for budget, dropout in ((840, 0.1), (1_140, 0.3)):  # 8.0 and 10.8 passes
+    for budget, dropout in ((840, 0.1), (1_140, 0.2), (2_100, 0.3)):  # 8.0, 10.8 and 20.0 passes
         choice = choose(dataclasses.replace(poems, budget_seconds=budget), measure)
         assert (choice.shape, choice.config.training.dropout) == (SMALL.name, dropout)
         assert f"dropout {dropout:g}" in choice.reason
@@ -189,11 +196,12 @@ def test_rule_3s_step_to_dropout_03_comes_later_on_a_larger_corpus(no_bf16):
 def test_a_cpu_runs_passes_are_counted_at_the_share_of_its_probe_that_a_run_sustains(no_bf16):
     """The WEB's quarter hour (0.96M tokens, 2 Zen 5 cores, 2026-12-06): its probe read 12% over its run, so the passes
     it expected (10.9) were over rule 3's step of 10.3 and it trained at 0.3 for the 9.7 it made, where 0.1 ended
-    2.0% lower. Counted at the share a run sustains, a probe read at the step's edge falls under it."""
+    2.0% lower. Counted at the share a run sustains, a probe read at the step's edge falls under it (as read, it is
+    past the step: 0.2, rule 3's middle band since)."""
     measure = rates({(SMALL.name, "fp32"): 11_000.0, (LARGE.name, "fp32"): 1_000.0})
     web = facts(tokens=958_751, budget=900)  # 11,000 x 900 / 958,751 = 10.33 passes as read, 9.71 sustained
     as_read = choose(web, measure)
-    assert (as_read.config.training.dropout, round(as_read.expected_epochs, 2), as_read.sustained) == (0.3, 10.33, 1.0)
+    assert (as_read.config.training.dropout, round(as_read.expected_epochs, 2), as_read.sustained) == (0.2, 10.33, 1.0)
     assert "11,000 tokens/s measured x 15 min = 10.3 passes" in as_read.reason
     sustained = choose(dataclasses.replace(web, sustained=auto.SUSTAINED_SHARE), measure)
     assert auto.SUSTAINED_SHARE == 0.94
@@ -224,12 +232,12 @@ def test_rule_11_the_runs_first_minute_reread_moves_the_dropout_where_rule_3_ste
     """The WEB's quarter hour: its probe counted 10.9 passes and took 0.3. After a first minute at the probe's 9,000
     tokens/s the run expects (540,000 + 9,000 x 0.94 x (786 - 11) s) / 958,751 = 7.4 passes and takes 0.1; at
     13,000 the validation is timed as the host now runs, 11 x 9,000 / 13,000 = 7.6 s, and (780,000 + 13,000 x 0.94
-    x 778.4) / 958,751 = 10.7 passes keep 0.3."""
+    x 778.4) / 958,751 = 10.7 passes take 0.2, past the step and under the middle band's end (17.5)."""
     read = auto.read_own_rate(_web_plan(), 540_000, 9_000.0, 786.0)
     assert (round(read.passes, 2), read.dropout, read.weight_decay, read.capped) == (7.4, 0.1, 0.0, False)
     assert (read.validation_seconds, read.epochs, read.validation_minutes) == (11.0, 40, 10.0)
     read = auto.read_own_rate(_web_plan(), 780_000, 13_000.0, 786.0)
-    assert (round(read.passes, 2), read.dropout, round(read.validation_seconds, 2)) == (10.73, 0.3, 7.62)
+    assert (round(read.passes, 2), read.dropout, round(read.validation_seconds, 2)) == (10.73, 0.2, 7.62)
     # past 25 passes rule 3 gives 0.4, which the smallest shape does not take
     assert auto.read_own_rate(_web_plan(), 0, 40_000.0, 3600.0).dropout == 0.3
     assert auto.read_own_rate(_web_plan(max_dropout=1.0), 0, 40_000.0, 3600.0).dropout == 0.4
@@ -238,7 +246,7 @@ def test_rule_11_the_runs_first_minute_reread_moves_the_dropout_where_rule_3_ste
     slow = _web_plan(probe_tokens_per_s=3_857.0, validation_seconds=280.0, budget_seconds=1200.0)
     read = auto.read_own_rate(slow, 823_000, 13_721.0, 1066.0)
     assert round(read.validation_seconds) == 79 and read.validation_minutes == 10
-    assert round(read.passes, 1) == 14.1 and read.dropout == 0.3
+    assert round(read.passes, 1) == 14.1 and read.dropout == 0.2
     # the user's cadence stays theirs
     assert auto.read_own_rate({**slow, "validation_minutes": 4.0, "cadence_given": True}, 823_000, 13_721.0,
                               1066.0).validation_minutes == 4.0
@@ -324,7 +332,7 @@ def test_a_run_with_a_shape_laid_over_the_rules_choice_is_not_counted_against_it
 
 
 def test_probe_bias_finds_the_runs_whose_own_passes_would_have_taken_another_dropout(tmp_path):
-    """Rule 3 on 0.96M tokens steps at 10.3 passes: a run expected at 10.9 and made 9.7 moves (0.3 -> 0.1); one
+    """Rule 3 on 0.96M tokens steps at 10.3 passes: a run expected at 10.9 and made 9.7 moves (0.2 -> 0.1); one
     made 10.5 does not; one expected past the pass cap (32.6 there) is not weighed; nor one whose passes were
     asked for. The first 5-minute window is read against the mean of the later ones."""
     from benchmarks import probe_bias
@@ -342,7 +350,7 @@ def test_probe_bias_finds_the_runs_whose_own_passes_would_have_taken_another_dro
     weighed, moved = probe_bias.dropout_moved(tmp_path)
     assert weighed == 2
     assert [(m["passes_expected"], m["passes_made"], m["dropout_expected"], m["dropout_made"]) for m in moved] == \
-        [(10.9, 9.7, 0.3, 0.1)]
+        [(10.9, 9.7, 0.2, 0.1)]
     assert probe_bias.first_window_over_rest(tmp_path) == [1.1, 1.1765]
 
 
@@ -463,10 +471,10 @@ def test_a_short_budget_keeps_the_small_shape_and_says_why(no_bf16):
 
 
 def test_where_the_larger_shape_gets_too_few_passes_auto_trains_laptops_model_and_recipe(no_bf16):
-    # 2,500 tokens/s x 3,600 s / 825,573 tokens = 10.9 passes for the small shape (dropout 0.3: from rule 3's step,
-    # 10.0 passes on 0.83M tokens, to 25), 600 tokens/s = 2.6 for the larger one (< 4): the small shape, under 12
-    # passes so Adam, is --preset laptop exactly
-    measure = rates({(SMALL.name, "fp32"): 2500.0, (LARGE.name, "fp32"): 600.0})
+    # 4,500 tokens/s x 3,600 s / 825,573 tokens = 19.6 passes for the small shape (dropout 0.3: from the end of rule
+    # 3's middle band, 16.3 passes on 0.83M tokens, to 25), 600 tokens/s = 2.6 for the larger one (< 4): the small
+    # shape, under 0.8 of its 30.3-pass cap so Adam, is --preset laptop exactly
+    measure = rates({(SMALL.name, "fp32"): 4500.0, (LARGE.name, "fp32"): 600.0})
     choice = choose(facts(tokens=825_573, budget=3600), measure)
     laptop = auto.PRESETS["laptop"].config
     assert choice.config.model == laptop.model
@@ -475,8 +483,8 @@ def test_where_the_larger_shape_gets_too_few_passes_auto_trains_laptops_model_an
     assert (t.optimizer, t.lr, t.lr_schedule, t.warmup, t.batch_size, t.unroll_steps, t.n_negative_samples,
             t.dropout, t.weight_decay) == ("adam", 4e-3, "cosine", 0.03, 32, 20, 1024, 0.3, 0.0)
     assert (choice.config.model.lstm.dim, choice.config.model.lstm.projection_dim) == (512, 128)
-    assert choice.reason == ("auto: LSTM 512/128, fp32, dropout 0.3, 1,024 negatives: 2,500 tokens/s measured x "
-                             "60 min = 10.9 passes over 0.83M tokens; LSTM 1024/256 would get 2.6 (< 4)")
+    assert choice.reason == ("auto: LSTM 512/128, fp32, dropout 0.3, 1,024 negatives: 4,500 tokens/s measured x "
+                             "60 min = 19.6 passes over 0.83M tokens; LSTM 1024/256 would get 2.6 (< 4)")
 
 
 def test_a_budget_too_short_even_for_the_small_shape_probes_nothing_larger(no_bf16):
@@ -1095,7 +1103,7 @@ def test_an_fp32_step_is_not_probed_compiled_its_gradient_being_written_by_hand(
         (SMALL.name, False, 2851), (SMALL.name, False, 3075), (LARGE.name, False, 1144), (SMALL.name, False, 3075),
         (LARGE.name, False, 1245)]
     assert choice.shape == SMALL.name and not choice.config.training.compile and choice.tokens_per_s == 3075.0
-    assert "auto: LSTM 512/128, fp32, dropout 0.3" in choice.reason and "compiled" not in choice.reason
+    assert "auto: LSTM 512/128, fp32, dropout 0.2" in choice.reason and "compiled" not in choice.reason
     # a CPU with native bf16 that wins for the smaller shape: its bf16 step is probed compiled
     monkeypatch.setattr(machine, "cpu_bf16", lambda: True)
     bf16 = choose(dataclasses.replace(facts(tokens=915_556, budget=3600), compile=True), compiled_rates(
@@ -1148,7 +1156,7 @@ def test_a_compiled_gain_is_checked_against_the_eager_step_probed_once_more_afte
     assert [(p.shape, p.compiled, round(p.tokens_per_s)) for p in choice.probes][:4] == [
         (SMALL.name, False, 2567), (SMALL.name, False, 2567), (SMALL.name, True, 2922), (SMALL.name, False, 3179)]
     assert not choice.config.training.compile and choice.tokens_per_s == 3179.0
-    assert "auto: LSTM 512/128, fp32, dropout 0.3" in choice.reason and "compiled" not in choice.reason
+    assert "auto: LSTM 512/128, fp32, dropout 0.2" in choice.reason and "compiled" not in choice.reason
 
 
 def test_the_larger_shape_is_weighed_against_the_smaller_ones_compiled_step(no_bf16, compiles_fp32):
@@ -1174,7 +1182,7 @@ def test_the_larger_shape_is_weighed_against_the_smaller_ones_compiled_step(no_b
     assert [(p.shape, p.compiled) for p in closer.probes][-3:] == [(LARGE.name, False), (LARGE.name, False),
                                                                   (LARGE.name, True)]
     assert closer.shape == LARGE.name and not closer.config.training.compile  # no gain compiled: eager 2,700
-    assert "auto: LSTM 1024/256, fp32, dropout 0.3, 1,024 negatives: 2,700 tokens/s measured x 60 min = 10.6" \
+    assert "auto: LSTM 1024/256, fp32, dropout 0.2, 1,024 negatives: 2,700 tokens/s measured x 60 min = 10.6" \
            in closer.reason
 
 
@@ -1404,6 +1412,7 @@ def test_the_held_out_cells_the_larger_shape_lost_or_won_narrowly_now_train_the_
         (SMALL.name, "fp32", False): [3349.4, 3795.5], (SMALL.name, "bf16", False): [2131.7],
         (LARGE.name, "fp32", False): [1654.3, 1716.7], (LARGE.name, "bf16", False): [945.5]}))
     assert (xeon.shape, xeon.config.training.dtype, xeon.config.training.compile) == (SMALL.name, "fp32", False)
+    assert xeon.config.training.dropout == 0.2  # 14.9 passes of 0.92M tokens: rule 3's middle band, to 17.1
     assert not any(p.compiled for p in xeon.probes)  # bf16 at 0.56 of fp32 cannot pay compiled
     assert xeon.reason.endswith("; LSTM 1024/256 would get 6.6 (< 0.55 x LSTM 512/128's 14.9)"), xeon.reason
     half = choose(dataclasses.replace(hour, budget_seconds=1800), recorded({
@@ -1461,10 +1470,10 @@ def test_epochs_given_with_a_time_budget_lift_the_pass_cap_and_the_clock_ends_th
     assert capped.config.training.dropout == free.config.training.dropout == auto.SMALLEST_MAX_DROPOUT
     assert capped.config.training.weight_decay == free.config.training.weight_decay == 0.0
     # the larger shape's dropout follows the passes the clock allows (here 11.1, past rule 3's step at 9.9 passes
-    # of 0.75M tokens: 0.3), not the 200 asked for (0.4)
+    # of 0.75M tokens and under its middle band's end at 15.5: 0.2), not the 200 asked for (0.4)
     large = choose(facts(tokens=749_310, budget=3600, epochs=200.0), rates({(SMALL.name, "fp32"): 2500.0,
                                                                             (LARGE.name, "fp32"): 2300.0}))
-    assert large.shape == LARGE.name and large.config.training.dropout == 0.3
+    assert large.shape == LARGE.name and large.config.training.dropout == 0.2
 
 
 def test_on_a_cpu_where_bf16_is_kept_an_hour_trains_at_64_rows(monkeypatch):
