@@ -359,9 +359,8 @@ def middle_dropout_end(train_tokens: int) -> float:
     """The expected passes up to which rule 3 trains `MIDDLE_DROPOUT` past `dropout_step`: 8 up to 0.2M tokens (no
     middle band there: 0.3 beat 0.2 at 8.8-9.2 passes), growing with the square root of the corpus past that, as the
     pass cap does (17.5 at 0.96M tokens, where 0.2 won at 14 passes and 0.3 at 20)."""
-    first = DROPOUT_BY_EPOCHS[0][0]
-    grown = first * math.sqrt(max(train_tokens, DROPOUT_STEP_TOKENS) / DROPOUT_STEP_TOKENS)
-    return round(max(grown, dropout_step(train_tokens)), 1)
+    first = DROPOUT_BY_EPOCHS[0][0]  # 8 sqrt(x) >= 8 + log2(x) from x = 1: never under the step
+    return round(first * math.sqrt(max(train_tokens, DROPOUT_STEP_TOKENS) / DROPOUT_STEP_TOKENS), 1)
 
 
 def dropout_for(epochs: float, train_tokens: int) -> float:
